@@ -1,0 +1,237 @@
+"""Command line: parses arguments and calls into the modules, nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .config import Config, ConfigError, check_folders, load_config, parse_config
+from .errors import ExitCode, OcrdError, exit_code_for
+
+EPILOG = """\
+exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
+2 usage or configuration error, 3 bad input (empty, truncated, unsupported, unreadable),
+4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 output not writable,
+130 interrupted.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ocrd", description="OCR daemon: inbox folders → Markdown "
+        "(DeepSeek-OCR-2 on vLLM, or tesseract on the CPU).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"ocrd {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
+    run.add_argument("-c", "--config", required=True, type=Path, help="YAML config file")
+
+    conv = sub.add_parser("convert", help="convert files once and exit (exit 0 only if "
+                          "every file converted)")
+    conv.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    conv.add_argument("-o", "--output", required=True, type=Path, metavar="DIR",
+                      help="folder for NAME.md, NAME.json and NAME.assets/")
+    conv.add_argument("-c", "--config", type=Path,
+                      help="config file for engine/render/limits settings (optional)")
+    conv.add_argument("--engine", choices=["auto", "vllm", "remote", "tesseract"],
+                      help="override engine.kind")
+    conv.add_argument("--prompt", choices=["markdown", "text"], default="markdown",
+                      help="what to ask the model for (vllm/remote only)")
+    conv.add_argument("--quiet", action="store_true", help="no progress output")
+
+    check = sub.add_parser("check-config", help="validate a config file and its folders")
+    check.add_argument("-c", "--config", required=True, type=Path)
+
+    status = sub.add_parser("status", help="queue, counts by state and recent failures")
+    status.add_argument("-c", "--config", required=True, type=Path)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("-n", type=int, default=10, help="recent failures to show")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "convert":
+            return cmd_convert(args)
+        if args.command == "check-config":
+            return cmd_check(args)
+        if args.command == "status":
+            return cmd_status(args)
+    except ConfigError as e:
+        print(f"ocrd: configuration error: {e}", file=sys.stderr)
+        return ExitCode.USAGE
+    except KeyboardInterrupt:
+        return ExitCode.INTERRUPTED
+    return ExitCode.USAGE
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import log, service
+
+    cfg = load_config(args.config)
+    log.setup(cfg.log.level, cfg.log.format)
+    return service.run(args.config)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    problems = check_folders(cfg)
+    for problem in problems:
+        print(f"ocrd: {problem}", file=sys.stderr)
+    if problems:
+        return ExitCode.USAGE
+    from .engines import choose_kind
+
+    kind, why = choose_kind(cfg.engine)
+    print(f"{args.config}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
+    return ExitCode.OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .journal import Journal
+    from .status import daemon_metrics
+
+    cfg = load_config(args.config)
+    path = cfg.state_dir / "journal.sqlite3"
+    if not path.exists():
+        print(f"no journal at {path}: the daemon has not run with this config yet")
+        return ExitCode.OK
+    journal = Journal(path, readonly=True)
+    counts = journal.counts()
+    failures = journal.recent_failures(args.n)
+    journal.close()
+    live = daemon_metrics(cfg.metrics.listen) if cfg.metrics.listen else None
+    if args.json:
+        print(json.dumps({
+            "counts": counts, "daemon": live,
+            "recent_failures": [{"file": j.relpath, "reason": j.reason, "message": j.message,
+                                 "moved_to": j.output, "finished": j.finished}
+                                for j in failures]}, indent=2))
+        return ExitCode.OK
+    if live is None:
+        print("daemon: not reachable (stopped, or metrics turned off); from the journal:")
+    else:
+        print(f"daemon: {'ready' if live.get('ready') else 'NOT READY'}, queue "
+              f"{live.get('queue', 0):.0f}, converting {live.get('active', 0):.0f} file(s), "
+              f"{live.get('in_flight', 0):.0f} page(s) in flight, "
+              f"{live.get('pages_ok', 0):.0f} pages done since start")
+    order = ["claimed", "converting", "finishing", "done", "failed"]
+    print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
+    if failures:
+        print("recent failures:")
+        for j in failures:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.finished or 0))
+            print(f"  {when}  {j.relpath}  [{j.reason}] {j.message}")
+    return ExitCode.OK
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from . import log
+
+    if args.config:
+        cfg = load_config(args.config)
+    else:
+        cfg = parse_config({"state_dir": ".", "metrics": {"listen": None}}, Path.cwd())
+    if args.engine:
+        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(
+            update={"kind": args.engine})})
+    log.setup("warning" if args.quiet else cfg.log.level, cfg.log.format)
+    missing = [f for f in args.files if not f.exists()]
+    for f in missing:
+        print(f"ocrd: {f}: no such file", file=sys.stderr)
+    if missing:
+        return ExitCode.USAGE
+    try:
+        failures = asyncio.run(_convert(cfg, args))
+    except KeyboardInterrupt:
+        return ExitCode.INTERRUPTED
+    return exit_code_for(failures)
+
+
+async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
+    from . import errors, outbox, pages
+    from .engines import create_engine
+    from .pipeline import Converter, Source
+    from .schedule import FairSlots
+
+    engine = create_engine(cfg.engine)
+    try:
+        await engine.start()
+    except errors.EngineDead as e:
+        print(f"ocrd: the engine cannot start: {e}", file=sys.stderr)
+        return [errors.EngineFailed(str(e))] * len(args.files)
+    pool = pages.RenderPool(cfg.render.workers)
+    slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
+    converter = Converter(cfg, engine, pool, slots)
+    perms = outbox.Perms(tag=f"cli{os.getpid()}")
+    progress = Progress(len(args.files), enabled=not args.quiet)
+    limit = asyncio.Semaphore(cfg.schedule.max_active_documents)
+    failures: list[OcrdError] = []
+
+    async def one(path: Path) -> None:
+        async with limit:
+            real = path.resolve()
+            src = Source(real, path.name, prompt_mode=args.prompt)
+            t0 = time.monotonic()
+            try:
+                written = await converter.convert(src, args.output, perms)
+            except OcrdError as e:
+                failures.append(e)
+                progress.done(path, f"FAILED [{e.reason}] {e}")
+                return
+            except errors.EngineDead as e:
+                failures.append(errors.EngineFailed(str(e)))
+                progress.done(path, f"FAILED [engine_failed] {e}")
+                return
+            except OSError as e:
+                failures.append(errors.OutputFailed(f"cannot write the result: {e}"))
+                progress.done(path, f"FAILED [output_failed] {e}")
+                return
+            n = written.meta["page_count"]
+            progress.done(path, f"ok → {written.markdown} ({n} page{'s' * (n != 1)}, "
+                          f"{time.monotonic() - t0:.1f} s)")
+
+    try:
+        args.output.mkdir(parents=True, exist_ok=True)
+        await asyncio.gather(*(one(f) for f in args.files))
+    finally:
+        await engine.close()
+        await pool.close()
+    return failures
+
+
+class Progress:
+    """One line per finished file; on a terminal, a running `[k/n]` counter."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.count = 0
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+
+    def done(self, path: Path, text: str) -> None:
+        self.count += 1
+        if not self.enabled:
+            if text.startswith("FAILED"):
+                print(f"{path}: {text}", file=sys.stderr)
+            return
+        bar = ""
+        if self.tty:
+            width = 20
+            filled = int(width * self.count / max(1, self.total))
+            bar = "[" + "#" * filled + "." * (width - filled) + "] "
+        print(f"{bar}{self.count}/{self.total} {path}: {text}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Typed configuration, read from YAML and validated with pydantic.
+
+Every key is documented in config.example.yaml. Unknown keys are errors (a typo must not
+be silently ignored), and every error names the key and the offending value.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_MODEL = "deepseek-ai/DeepSeek-OCR-2"
+
+# Names that are never documents: OS junk, sync-tool folders, partial downloads and
+# scanner temp files. Matched against each path component (fnmatch, case-insensitive).
+BUILTIN_IGNORE: tuple[str, ...] = (
+    ".*",  # dotfiles and dot-folders: .DS_Store, ._x.pdf, .stfolder, .ocrd-work, ...
+    "~$*",  # Office lock files
+    "*~",
+    "*.part",
+    "*.partial",
+    "*.tmp",
+    "*.temp",
+    "*.crdownload",
+    "*.download",
+    "*.pd~",  # ScanSnap writes x.pd~ then renames to x.pdf
+    "*.swp",
+    "Thumbs.db",
+    "desktop.ini",
+    "@eaDir",  # Synology
+    "#recycle",  # Synology
+    "#snapshot",
+    "$RECYCLE.BIN",
+    "__MACOSX",
+    "lost+found",
+)
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased as one line that names the key and the value."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class InboxConfig(_Strict):
+    path: Path
+    outbox: Path
+    failed: Path
+    on_success: Literal["archive", "delete", "keep"] = "archive"
+    archive: Path | None = None
+    recursive: bool = False
+    # Only names matching one of these (fnmatch, case-insensitive) are considered.
+    include: list[str] = Field(default_factory=lambda: ["*"])
+    # Extra ignore patterns on top of the built-in list.
+    ignore: list[str] = Field(default_factory=list)
+    # A file is ready once its size and mtime have not changed for this long.
+    quiet_seconds: float = Field(default=5.0, ge=0)
+    # A file that stays incomplete (truncated PDF, zero bytes) this long after its last
+    # change is given up on and moved to failed/.
+    incomplete_seconds: float = Field(default=600.0, ge=0)
+    watch: Literal["auto", "inotify", "polling"] = "auto"
+    # Output file mode (octal string like "0640") and group (name or gid).
+    file_mode: str = "0644"
+    dir_mode: str = "0755"
+    group: str | None = None
+    # What to ask the model for: markdown (layout, figures, tables), text (plain OCR) or
+    # custom (custom_prompt). Ignored by tesseract.
+    prompt: Literal["markdown", "text", "custom"] = "markdown"
+    custom_prompt: str | None = None
+
+    @field_validator("file_mode", "dir_mode")
+    @classmethod
+    def _octal(cls, v: str | int) -> str:
+        text = str(v)
+        try:
+            mode = int(text, 8)
+        except ValueError:
+            raise ValueError(f"must be an octal mode like '0640', got {v!r}") from None
+        if not 0 <= mode <= 0o7777:
+            raise ValueError(f"must be an octal mode like '0640', got {v!r}")
+        return text
+
+    @field_validator("group")
+    @classmethod
+    def _group(cls, v: str | None) -> str | None:
+        if v is None or v.isdigit():
+            return v
+        try:
+            grp.getgrnam(v)
+        except KeyError:
+            raise ValueError(f"no such group {v!r}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> InboxConfig:
+        if self.on_success == "archive" and self.archive is None:
+            raise ValueError("on_success is 'archive' but no 'archive' folder is set")
+        if self.prompt == "custom" and not self.custom_prompt:
+            raise ValueError("prompt is 'custom' but no 'custom_prompt' is set")
+        return self
+
+    @property
+    def mode(self) -> int:
+        return int(self.file_mode, 8)
+
+    @property
+    def dmode(self) -> int:
+        return int(self.dir_mode, 8)
+
+    @property
+    def gid(self) -> int | None:
+        if self.group is None:
+            return None
+        return int(self.group) if self.group.isdigit() else grp.getgrnam(self.group).gr_gid
+
+    def destinations(self) -> dict[str, Path]:
+        out = {"outbox": self.outbox, "failed": self.failed}
+        if self.archive is not None:
+            out["archive"] = self.archive
+        return out
+
+
+class TesseractConfig(_Strict):
+    lang: str = "eng"
+    psm: int = Field(default=3, ge=0, le=13)
+    # tesseract processes at once; 0 = one per CPU core
+    workers: int = Field(default=0, ge=0)
+    timeout_seconds: float = Field(default=300.0, gt=0)
+
+
+class NGramConfig(_Strict):
+    """DeepSeek-OCR-2's anti-repetition logits processor (per request)."""
+
+    ngram_size: int = Field(default=30, ge=1)
+    window_size: int = Field(default=90, ge=1)
+    whitelist_token_ids: list[int] = Field(default_factory=lambda: [128821, 128822])
+
+
+class VllmConfig(_Strict):
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_model_len: int = Field(default=8192, ge=256)
+    max_num_seqs: int = Field(default=100, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)
+    # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true).
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class EngineConfig(_Strict):
+    kind: Literal["auto", "vllm", "remote", "tesseract"] = "auto"
+    # Hugging Face id or local path (vllm); served model name (remote).
+    model: str = DEFAULT_MODEL
+    # remote: base URLs of OpenAI-compatible servers, e.g. http://gpu1:8000/v1
+    urls: list[str] = Field(default_factory=list)
+    api_key: str | None = None
+    # remote: pages in flight per server
+    concurrency_per_url: int = Field(default=32, ge=1)
+    request_timeout_seconds: float = Field(default=600.0, gt=0)
+    max_tokens: int = Field(default=8192, ge=1)
+    # a page whose output ends for length/repetition is retried this many extra times
+    # with tighter anti-repetition settings
+    loop_retries: int = Field(default=1, ge=0)
+    ngram: NGramConfig = Field(default_factory=NGramConfig)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
+
+    @model_validator(mode="after")
+    def _remote_needs_urls(self) -> EngineConfig:
+        if self.kind == "remote" and not self.urls:
+            raise ValueError("kind is 'remote' but 'urls' is empty")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"url {url!r} must start with http:// or https://")
+        return self
+
+
+class RenderConfig(_Strict):
+    dpi: int = Field(default=144, ge=36, le=600)
+    renderer: Literal["pypdfium2", "pdf2image"] = "pypdfium2"
+    # render worker processes; 0 = one per CPU core
+    workers: int = Field(default=0, ge=0)
+    # pages rendered ahead of the engine, per document being converted
+    lookahead: int = Field(default=4, ge=1)
+
+
+class LimitsConfig(_Strict):
+    max_pages: int = Field(default=2000, ge=1)
+    max_file_bytes: int = Field(default=2 * 1024**3, ge=1)
+    # per page image, after rendering; guards against decompression bombs
+    max_pixels: int = Field(default=200_000_000, ge=1)
+
+
+class ScheduleConfig(_Strict):
+    # pages in the engine at once, across all files; 0 = the engine's own preference
+    pages_in_flight: int = Field(default=0, ge=0)
+    # files that become ready within this window form one batch, smallest first
+    batch_window_seconds: float = Field(default=0.5, ge=0)
+    # documents rendered/converted at the same time
+    max_active_documents: int = Field(default=4, ge=1)
+    # a file is given up (failed, reason too_many_attempts) after this many starts that
+    # did not finish (e.g. the daemon crashed on it each time)
+    max_attempts: int = Field(default=3, ge=1)
+    # engine errors on one page before the page (and its file) fails
+    page_retries: int = Field(default=2, ge=0)
+    # per page; a page that takes longer counts as an engine error
+    page_timeout_seconds: float = Field(default=900.0, gt=0)
+
+
+class LogConfig(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # auto: console on a terminal, JSON lines otherwise
+    format: Literal["auto", "console", "json"] = "auto"
+
+
+class MetricsConfig(_Strict):
+    # host:port for /metrics, /healthz, /readyz; null turns it off
+    listen: str | None = "127.0.0.1:9464"
+
+    @field_validator("listen")
+    @classmethod
+    def _hostport(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"must be HOST:PORT, got {v!r}")
+        return v
+
+
+class Config(_Strict):
+    state_dir: Path
+    # seconds between full rescans of every inbox (events are only hints)
+    rescan_seconds: float = Field(default=60.0, gt=0)
+    # seconds between polls for inboxes in polling mode
+    poll_seconds: float = Field(default=2.0, gt=0)
+    drain_timeout_seconds: float = Field(default=60.0, ge=0)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    render: RenderConfig = Field(default_factory=RenderConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    inboxes: list[InboxConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _folders_apart(self) -> Config:
+        """Refuse layouts that would feed outputs back in or mix inboxes."""
+        seen: dict[Path, str] = {}
+        for i, box in enumerate(self.inboxes):
+            inbox = _norm(box.path)
+            for name, dest in box.destinations().items():
+                d = _norm(dest)
+                if d == inbox or (box.recursive and inbox in d.parents):
+                    raise ValueError(
+                        f"inboxes[{i}].{name} {str(dest)!r} is inside its inbox "
+                        f"{str(box.path)!r}: outputs would be read back as input")
+            if inbox in seen:
+                raise ValueError(f"inboxes[{i}].path {str(box.path)!r} is listed twice")
+            seen[inbox] = f"inboxes[{i}]"
+        return self
+
+    def resolve(self, base: Path) -> Config:
+        """Paths relative to the config file's folder become absolute."""
+        def fix(p: Path | None) -> Path | None:
+            if p is None:
+                return None
+            p = p.expanduser()
+            return p if p.is_absolute() else (base / p)
+
+        data = self.model_copy(deep=True)
+        data.state_dir = fix(data.state_dir)  # type: ignore[assignment]
+        for box in data.inboxes:
+            box.path = fix(box.path)  # type: ignore[assignment]
+            box.outbox = fix(box.outbox)  # type: ignore[assignment]
+            box.failed = fix(box.failed)  # type: ignore[assignment]
+            box.archive = fix(box.archive)
+        return data
+
+
+def _norm(p: Path) -> Path:
+    return Path(os.path.normpath(os.path.abspath(p)))
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "__root__")
+    msg = err.get("msg", "invalid")
+    if err.get("type") == "extra_forbidden":
+        return f"unknown key {loc!r} (value {err.get('input')!r}); check its spelling"
+    if err.get("type") == "missing":
+        return f"missing key {loc!r}"
+    msg = msg.removeprefix("Value error, ")
+    if loc:
+        value = err.get("input")
+        if isinstance(value, dict):
+            return f"{loc}: {msg}"
+        return f"{loc} = {value!r}: {msg}"
+    return msg
+
+
+def parse_config(data: Any, base: Path) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError("the configuration must be a YAML mapping of keys to values")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
+    return cfg.resolve(base)
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    return parse_config(data, p.resolve().parent)
+
+
+def check_folders(cfg: Config) -> list[str]:
+    """Problems a running daemon would meet with the folders (check-config reports them)."""
+    problems = []
+    for i, box in enumerate(cfg.inboxes):
+        if not box.path.is_dir():
+            problems.append(f"inboxes[{i}].path = {str(box.path)!r}: folder does not exist")
+        elif not os.access(box.path, os.R_OK | os.W_OK | os.X_OK):
+            problems.append(
+                f"inboxes[{i}].path = {str(box.path)!r}: no read/write permission "
+                "(ocrd moves claimed files out of the inbox)")
+        for name, dest in box.destinations().items():
+            parent = dest
+            while not parent.exists() and parent != parent.parent:
+                parent = parent.parent
+            if not os.access(parent, os.W_OK | os.X_OK):
+                problems.append(f"inboxes[{i}].{name} = {str(dest)!r}: not writable")
+    if not cfg.inboxes:
+        problems.append("inboxes: no inbox is configured; the daemon would have nothing to do")
+    return problems

@@ -1,0 +1,58 @@
+"""Engines behind one small async interface; `create_engine` picks one from the config."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import structlog
+
+from ..config import EngineConfig
+from .base import Engine, PageOutput, PageRequest
+
+__all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine"]
+
+log = structlog.get_logger("ocrd.engine")
+
+
+def cuda_available() -> bool:
+    """A CUDA GPU is visible, checked without importing torch when possible."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    if not any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl")):
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken torch means no usable GPU
+        return False
+
+
+def choose_kind(cfg: EngineConfig) -> tuple[str, str]:
+    """The engine kind to use and why (for the log)."""
+    if cfg.kind != "auto":
+        return cfg.kind, "configured"
+    if importlib.util.find_spec("vllm") is None:
+        return "tesseract", "vllm is not installed"
+    if not cuda_available():
+        return "tesseract", "no CUDA GPU found"
+    return "vllm", "vllm is installed and a CUDA GPU is present"
+
+
+def create_engine(cfg: EngineConfig) -> Engine:
+    kind, why = choose_kind(cfg)
+    log.info("engine_chosen", engine=kind, reason=why, configured=cfg.kind)
+    if kind == "tesseract":
+        from .tesseract import TesseractEngine
+
+        return TesseractEngine(cfg)
+    if kind == "vllm":
+        from .vllm import VllmEngine
+
+        return VllmEngine(cfg)
+    if kind == "remote":
+        from .remote import RemoteEngine
+
+        return RemoteEngine(cfg)
+    raise ValueError(f"unknown engine kind {kind!r}")

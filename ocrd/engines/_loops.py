@@ -1,0 +1,180 @@
+"""Never drop a page: retry pages whose output ran into a repetition loop, keep the best try.
+
+DeepSeek-OCR-2 sometimes loops on a phrase until `max_tokens` ("length"), or vLLM's
+repetition detector stops it ("repetition"). Both engines that talk to the model (local
+vLLM and remote `vllm serve`) run every page through `convert_with_retries`, which asks
+again with tighter anti-repetition settings and, if no try ends normally, returns the
+longest text without its looping tail, marked as degraded instead of failing the page.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from ocrd.config import EngineConfig, NGramConfig
+from ocrd.engines.base import PageOutput
+
+# Floor for the tightened n-gram size: banning every repeated 3-gram would garble
+# ordinary prose ("of the ...").
+MIN_NGRAM_SIZE = 4
+# Window never grows past this many tokens (the processor scans it on every token).
+MAX_WINDOW_SIZE = 1024
+# vLLM's repetition detector (>= 0.19), used on retries only: a block of up to this many
+# tokens repeated this many times in a row ends the request early. Retries only, because
+# legitimately repetitive pages (empty table cells, dotted leaders) must not be cut on the
+# first try.
+REPETITION_MAX_PATTERN_TOKENS = 256
+REPETITION_MIN_COUNT = 8
+# Looping tails are found with periods up to this many characters (long table rows).
+MAX_LOOP_PERIOD_CHARS = 2000
+# A tail counts as a loop when its pattern occurs at least this often and the copies
+# after the first add up to at least this many characters.
+MIN_LOOP_COPIES = 3
+MIN_LOOP_CHARS = 16
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    """Anti-repetition settings for one try at a page (1-based `attempt`)."""
+
+    attempt: int
+    ngram_size: int
+    window_size: int
+    whitelist_token_ids: tuple[int, ...]
+    # ask vLLM to stop a looping request early, where it supports that
+    repetition_detection: bool = False
+
+    def extra_args(self) -> dict[str, object]:
+        """Per-request arguments of DeepSeek-OCR's NGramPerReqLogitsProcessor."""
+        return {
+            "ngram_size": self.ngram_size,
+            "window_size": self.window_size,
+            "whitelist_token_ids": list(self.whitelist_token_ids),
+        }
+
+    def repetition_params(self) -> dict[str, int] | None:
+        """Fields of vLLM's RepetitionDetectionParams, or None on the first try."""
+        if not self.repetition_detection:
+            return None
+        return {
+            "max_pattern_size": REPETITION_MAX_PATTERN_TOKENS,
+            "min_pattern_size": 1,
+            "min_count": REPETITION_MIN_COUNT,
+        }
+
+
+def attempt_settings(ngram: NGramConfig, attempt: int) -> AttemptSettings:
+    """The configured settings on the first try, tighter on each retry.
+
+    The processor bans a token that would repeat an n-gram seen in the last `window`
+    tokens, so it breaks loops whose period is at most window - ngram + 1. A smaller
+    n-gram and a *larger* window both catch more loops (a smaller window would let
+    longer loops through), hence n-gram halves and the window doubles per retry.
+    """
+    if attempt <= 1:
+        return AttemptSettings(1, ngram.ngram_size, ngram.window_size,
+                               tuple(ngram.whitelist_token_ids))
+    shift = attempt - 1
+    size = max(min(MIN_NGRAM_SIZE, ngram.ngram_size), ngram.ngram_size >> shift)
+    window = max(ngram.window_size, min(MAX_WINDOW_SIZE, ngram.window_size << shift))
+    return AttemptSettings(attempt, size, window, tuple(ngram.whitelist_token_ids),
+                           repetition_detection=True)
+
+
+@dataclass
+class Attempt:
+    """What one try at a page produced."""
+
+    text: str
+    finish_reason: str
+    tokens: int | None = None
+    prompt_tokens: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def stopped(self) -> bool:
+        return self.finish_reason == "stop"
+
+
+def loop_start(text: str) -> int | None:
+    """Where the repeated copies of a looping tail begin, or None if the tail does not loop.
+
+    Keeping `text[:loop_start(text)]` keeps everything up to and including the first copy
+    of the repeated block. Among candidate periods the one covering the longest tail wins
+    (ties: the shortest period).
+    """
+    n = len(text)
+    best_len, best_cut = 0, None
+    for p in range(1, min(MAX_LOOP_PERIOD_CHARS, n // MIN_LOOP_COPIES) + 1):
+        if text[-1] != text[-1 - p]:
+            continue
+        # Largest tail length L (p < L <= n) whose text has period p. Periodicity of a
+        # tail is monotone in L, so a binary search over L finds it with slice compares.
+        lo, hi = p, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if text[n - mid:n - p] == text[n - mid + p:]:
+                lo = mid
+            else:
+                hi = mid - 1
+        tail = lo
+        if tail >= MIN_LOOP_COPIES * p and tail - p >= MIN_LOOP_CHARS and tail > best_len:
+            best_len, best_cut = tail, n - tail + p
+    return best_cut
+
+
+def trim_loop(text: str) -> str:
+    """The text without the repeated copies of a looping tail (unchanged if none)."""
+    cut = loop_start(text)
+    return text if cut is None else text[:cut]
+
+
+def pick_best(attempts: list[Attempt]) -> Attempt:
+    """The first try that ended normally, else the one with the most text before its loop."""
+    for a in attempts:
+        if a.stopped:
+            return a
+    return max(attempts, key=lambda a: len(trim_loop(a.text)))
+
+
+async def convert_with_retries(
+    run_attempt: Callable[[AttemptSettings], Awaitable[Attempt]],
+    cfg: EngineConfig,
+) -> PageOutput:
+    """Run tries until one ends normally or `cfg.loop_retries` retries are spent.
+
+    `run_attempt` does one request; exceptions from it (engine unavailable or dead, a
+    bad request) pass through untouched: only loops are handled here.
+    """
+    started_at = time.time()
+    t0 = time.monotonic()
+    attempts: list[Attempt] = []
+    for n in range(1, cfg.loop_retries + 2):
+        attempt = await run_attempt(attempt_settings(cfg.ngram, n))
+        attempts.append(attempt)
+        if attempt.stopped:
+            break
+    best = pick_best(attempts)
+    text, degraded = best.text, None
+    extra = dict(best.extra)
+    if not best.stopped:
+        text = trim_loop(best.text)
+        degraded = (f"no normal end in {len(attempts)} attempt(s) "
+                    f"(finish_reason={best.finish_reason}); kept the longest text"
+                    + (", repeated tail removed" if len(text) < len(best.text) else ""))
+        extra["loop_trimmed_chars"] = len(best.text) - len(text)
+    extra["attempt_finish_reasons"] = [a.finish_reason for a in attempts]
+    return PageOutput(
+        text=text,
+        finish_reason=best.finish_reason,
+        tokens=best.tokens,
+        prompt_tokens=best.prompt_tokens,
+        attempts=len(attempts),
+        degraded=degraded,
+        seconds=time.monotonic() - t0,
+        started_at=started_at,
+        finished_at=time.time(),
+        extra=extra,
+    )

@@ -1,0 +1,89 @@
+"""The one small interface every OCR engine implements.
+
+An engine turns one page image into text. It is started once, receives pages
+concurrently (it decides how many it can take at a time), and is closed at shutdown.
+Engines raise `EngineUnavailable` for conditions that pass (the page is queued again) and
+`EngineDead` when they cannot go on; anything else fails the page.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Literal
+
+from PIL import Image
+
+PromptMode = Literal["markdown", "text", "custom"]
+
+# Prompts of DeepSeek-OCR-2's published recipe (plain text, no chat template).
+PROMPTS: dict[str, str] = {
+    "markdown": "<image>\n<|grounding|>Convert the document to markdown. ",
+    "text": "<image>\nFree OCR. ",
+}
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """One rendered page on its way to the engine."""
+
+    image: Image.Image  # RGB
+    page_no: int  # 1-based
+    doc_id: str  # stable per document; engines use it to name requests
+    prompt_mode: PromptMode = "markdown"
+    custom_prompt: str | None = None  # used when prompt_mode == "custom"
+
+    @property
+    def prompt(self) -> str:
+        if self.prompt_mode == "custom":
+            text = self.custom_prompt or ""
+            return text if text.startswith("<image>") else "<image>\n" + text
+        return PROMPTS[self.prompt_mode]
+
+
+@dataclass
+class PageOutput:
+    """What the engine made of one page."""
+
+    text: str  # raw model output (grounding tags included) or plain text
+    finish_reason: str = "stop"  # "stop" is normal; "length"/"repetition" mean a loop
+    tokens: int | None = None  # generated tokens (of the kept attempt)
+    prompt_tokens: int | None = None
+    attempts: int = 1
+    # set when the kept text is not a normal finish: the reason, for the sidecar
+    degraded: str | None = None
+    seconds: float = 0.0
+    # timestamps (time.time()) when the engine started and finished this page
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """Base class. Subclasses set `kind`, `model` and `output_format`."""
+
+    kind: str = "?"
+    model: str = ""
+    # "grounding": DeepSeek-OCR-2 tags that markdown.py turns into Markdown;
+    # "text": plain text that is Markdown already.
+    output_format: Literal["grounding", "text"] = "text"
+    # How many pages this engine usefully takes at once (the scheduler's default bound).
+    max_concurrency: int = 1
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Load models, connect, check the installation. May take minutes."""
+
+    @abc.abstractmethod
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        """Convert one page. Safe to call concurrently up to `max_concurrency`."""
+
+    async def health(self) -> bool:
+        """True while the engine can take work."""
+        return True
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Abort what is in flight and release resources."""
+
+    def describe(self) -> dict:
+        """Engine facts for the sidecar and logs."""
+        return {"kind": self.kind, "model": self.model}

@@ -1,0 +1,317 @@
+"""DeepSeek-OCR-2 in a resident vLLM engine (AsyncLLM) inside the daemon's process.
+
+One engine serves every page of every file: `ocr()` calls run concurrently and vLLM
+batches them (continuous batching). vLLM is imported only when the engine starts, so the
+rest of ocrd imports without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import re
+import time
+from typing import Any
+
+import structlog
+
+from ocrd.config import EngineConfig
+from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
+from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.errors import EngineDead, EngineUnavailable
+
+log = structlog.get_logger(__name__)
+
+# vLLM's recipe for DeepSeek-OCR-2's logits processor (n-gram ban with per-request args).
+NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+# How long close() lets vLLM's shutdown() take before giving up on it.
+SHUTDOWN_TIMEOUT_SECONDS = 30.0
+
+
+class HeadDimGuard:
+    """`hf_overrides` callable: give the language model a real head_dim when it has none.
+
+    transformers 5's DeepseekV2Config sets `head_dim = qk_rope_head_dim`, which is 0 for
+    DeepSeek-OCR(-2)'s plain-attention language model. vLLM 0.24 then builds attention
+    with head size 0 and the engine core dies while capturing CUDA graphs (FlashAttention
+    divides by zero). Newer vLLM falls back to hidden_size // num_heads by itself; this
+    does the same explicitly and touches nothing when head_dim is already set. It is a
+    module-level class (not a closure) because vLLM pickles the config into its engine
+    core process. `inner` keeps overrides the user passed in engine_args.hf_overrides.
+    """
+
+    def __init__(self, inner: Any = None) -> None:
+        self.inner = inner
+        self.applied: int | None = None  # the head_dim set, for tests and logs
+
+    def __call__(self, config: Any) -> Any:
+        if callable(self.inner):
+            config = self.inner(config)
+        elif isinstance(self.inner, dict):
+            for key, value in self.inner.items():
+                sub = getattr(config, key, None)
+                if isinstance(value, dict) and hasattr(sub, "update"):
+                    sub.update(value)
+                else:
+                    config.update({key: value})
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        fixed = fixed_head_dim(text)
+        if fixed is not None:
+            text.head_dim = fixed
+            self.applied = fixed
+        return config
+
+    def __repr__(self) -> str:
+        return f"HeadDimGuard(inner={self.inner!r})"
+
+
+def fixed_head_dim(text_config: Any) -> int | None:
+    """hidden_size // num_attention_heads when a non-MLA text config has head_dim 0/None."""
+    if getattr(text_config, "head_dim", 0) not in (0, None):
+        return None
+    # MLA models size attention from kv_lora_rank/qk_*_head_dim, not head_dim.
+    if getattr(text_config, "kv_lora_rank", None) or getattr(text_config, "use_mla", False):
+        return None
+    hidden = getattr(text_config, "hidden_size", None)
+    heads = getattr(text_config, "num_attention_heads", None)
+    if not hidden or not heads:
+        return None
+    return hidden // heads
+
+
+def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments: the recipe's, then cfg.vllm.engine_args on top."""
+    v = cfg.vllm
+    kwargs: dict[str, Any] = {
+        "model": cfg.model,
+        "dtype": v.dtype,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "max_model_len": v.max_model_len,
+        "max_num_seqs": v.max_num_seqs,
+        "tensor_parallel_size": v.tensor_parallel_size,
+        "data_parallel_size": v.data_parallel_size,
+        # Recipe: pages never share a prefix worth caching, and caching processed images
+        # only costs memory (every page image is new).
+        "enable_prefix_caching": False,
+        "mm_processor_cache_gb": 0,
+        "limit_mm_per_prompt": {"image": 1},
+        "logits_processors": [NGRAM_PROCESSOR],
+    }
+    kwargs.update(v.engine_args)
+    kwargs["hf_overrides"] = HeadDimGuard(kwargs.get("hf_overrides"))
+    return kwargs
+
+
+def _request_tag(doc_id: str) -> str:
+    """A short, log-friendly piece of the document id for request ids."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", doc_id)[-40:] or "doc"
+
+
+class VllmEngine(Engine):
+    """DeepSeek-OCR-2 on a vLLM AsyncLLM engine owned by this process."""
+
+    kind = "vllm"
+    output_format = "grounding"
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.model = cfg.model
+        self.max_concurrency = cfg.vllm.max_num_seqs
+        self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._guard: HeadDimGuard | None = None
+        self._vllm_version = "?"
+        self._dead = False
+        self._closing = False
+        self._in_flight: set[str] = set()
+        self._ids = itertools.count(1)
+        # Request ids must be unique in the engine; the pid keeps them apart in logs of
+        # several daemons sharing a GPU host.
+        self._id_prefix = f"ocrd{os.getpid()}"
+        # vLLM classes, bound in start() so that importing this module needs no vLLM
+        self._sampling_params: Any = None
+        self._final_only: Any = None
+        self._repetition_params: Any = None
+        self._dead_error: type[BaseException] = EngineDead
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Build the engine (minutes on a GPU: weights, profiling, CUDA graphs)."""
+        import vllm
+        from vllm import SamplingParams
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:  # vLLM >= 0.19 can end a looping request early
+            from vllm.sampling_params import RepetitionDetectionParams
+        except ImportError:
+            RepetitionDetectionParams = None  # noqa: N806 - a class, or its absence
+
+        self._vllm_version = getattr(vllm, "__version__", "?")
+        self._sampling_params = SamplingParams
+        self._final_only = RequestOutputKind.FINAL_ONLY
+        self._repetition_params = RepetitionDetectionParams
+        self._dead_error = EngineDeadError
+
+        kwargs = engine_kwargs(self.cfg)
+        kwargs["logits_processors"] = [
+            NGramPerReqLogitsProcessor if p == NGRAM_PROCESSOR else p
+            for p in kwargs.get("logits_processors") or []
+        ]
+        self._guard = kwargs["hf_overrides"]
+        args = AsyncEngineArgs(**kwargs)
+        log.info("engine_starting", kind=self.kind, model=self.model,
+                 vllm=self._vllm_version, dtype=self.cfg.vllm.dtype)
+        t0 = time.monotonic()
+        # AsyncLLM's constructor is synchronous and takes from seconds to minutes (engine
+        # core process, weights, KV cache). Built in a worker thread, the event loop keeps
+        # serving health checks and signals meanwhile. The constructor only starts its
+        # asyncio tasks when it finds a running loop, so in a thread it defers them...
+        engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        # ...and they are started here, on the loop, so that an engine core failure is
+        # noticed even before the first page (vLLM's own comment on the lazy start).
+        start_handler = getattr(engine, "_run_output_handler", None)
+        if callable(start_handler):
+            start_handler()
+        self._engine = engine
+        head_dim = engine.model_config.get_head_size()
+        log.info("engine_started", kind=self.kind, seconds=round(time.monotonic() - t0, 1),
+                 head_dim=head_dim, head_dim_override=self._guard.applied)
+
+    async def close(self) -> None:
+        """Abort what is in flight, then shut the engine core down."""
+        self._closing = True
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        ids = list(self._in_flight)
+        if ids and not self._dead:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(engine.abort(ids), timeout=5)
+            log.info("engine_aborted_requests", kind=self.kind, requests=len(ids))
+        # shutdown() joins processes and threads: keep it off the event loop.
+        try:
+            await asyncio.wait_for(asyncio.to_thread(engine.shutdown),
+                                   timeout=SHUTDOWN_TIMEOUT_SECONDS)
+        except TimeoutError:
+            log.warning("engine_shutdown_timeout", kind=self.kind,
+                        seconds=SHUTDOWN_TIMEOUT_SECONDS)
+
+    async def health(self) -> bool:
+        engine = self._engine
+        if engine is None or self._closing or self._dead:
+            return False
+        if engine.errored:
+            self._dead = True
+            return False
+        return True
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info.update(vllm=self._vllm_version, dtype=self.cfg.vllm.dtype,
+                    max_model_len=self.cfg.vllm.max_model_len,
+                    max_num_seqs=self.cfg.vllm.max_num_seqs)
+        if self._guard is not None and self._guard.applied is not None:
+            info["head_dim_override"] = self._guard.applied
+        return info
+
+    def unfinished_requests(self) -> int:
+        """Requests the engine holds right now (queued or running), by its own count."""
+        engine = self._engine
+        return engine.get_num_unfinished_requests() if engine is not None else 0
+
+    # ---- pages ----------------------------------------------------------------------
+
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        self._check_usable()
+        out = await convert_with_retries(lambda s: self._attempt(page, s), self.cfg)
+        out.extra.setdefault("engine", self.kind)
+        return out
+
+    def _check_usable(self) -> None:
+        if self._dead:
+            raise EngineDead("the vLLM engine has died; restart ocrd")
+        if self._closing:
+            raise EngineUnavailable("the vLLM engine is shutting down")
+        if self._engine is None:
+            raise EngineUnavailable("the vLLM engine is not started")
+
+    def _params(self, settings: AttemptSettings) -> Any:
+        kwargs: dict[str, Any] = {
+            "temperature": 0.0,
+            "max_tokens": self.cfg.max_tokens,
+            # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
+            "skip_special_tokens": False,
+            "output_kind": self._final_only,
+            "extra_args": settings.extra_args(),
+        }
+        rep = settings.repetition_params()
+        if rep is not None and self._repetition_params is not None:
+            kwargs["repetition_detection"] = self._repetition_params(**rep)
+        return self._sampling_params(**kwargs)
+
+    async def _attempt(self, page: PageRequest, settings: AttemptSettings) -> Attempt:
+        self._check_usable()
+        engine = self._engine
+        request_id = (f"{self._id_prefix}-{next(self._ids)}-{_request_tag(page.doc_id)}"
+                      f"-p{page.page_no}-a{settings.attempt}")
+        prompt = {"prompt": page.prompt, "multi_modal_data": {"image": page.image}}
+        final = None
+        self._in_flight.add(request_id)
+        try:
+            async for output in engine.generate(prompt, self._params(settings), request_id):
+                final = output
+        except asyncio.CancelledError:
+            # generate() aborts on cancellation itself; aborting again is harmless and
+            # covers vLLM versions that only stop reading.
+            if not self._dead:
+                with contextlib.suppress(Exception):
+                    await engine.abort(request_id)
+            raise
+        except self._dead_error as e:
+            self._dead = True
+            raise EngineDead(f"the vLLM engine died: {e}") from e
+        except Exception as e:
+            if engine.errored:
+                self._dead = True
+                raise EngineDead(f"the vLLM engine died: {e}") from e
+            raise
+        finally:
+            self._in_flight.discard(request_id)
+
+        if final is None or not final.outputs:
+            raise EngineUnavailable("the vLLM engine returned no output (shutting down?)")
+        completion = final.outputs[0]
+        reason = completion.finish_reason or "stop"
+        if reason == "abort":
+            # Aborted by close() or by vLLM itself: not the page's fault, it is retried.
+            raise EngineUnavailable("the vLLM request was aborted (engine shutting down?)")
+        if reason == "error":
+            raise RuntimeError(f"vLLM failed request {request_id} (finish_reason=error)")
+        return Attempt(
+            text=completion.text or "",
+            finish_reason=reason,
+            tokens=len(completion.token_ids),
+            prompt_tokens=len(final.prompt_token_ids) if final.prompt_token_ids else None,
+            extra=_engine_times(final),
+        )
+
+
+def _engine_times(final: Any) -> dict[str, float]:
+    """The engine core's own timestamps for this request (monotonic clock), if recorded.
+
+    They tell when the request was scheduled and decoded, so overlapping spans of several
+    pages show continuous batching at work.
+    """
+    metrics = getattr(final, "metrics", None)
+    times = {}
+    for name in ("scheduled_ts", "first_token_ts", "last_token_ts"):
+        value = getattr(metrics, name, None)
+        if isinstance(value, float) and value > 0:
+            times[f"engine_{name}"] = value
+    return times

@@ -1,0 +1,417 @@
+"""Documents → page images: probing, completeness checks and rendering.
+
+The functions at the top run in worker processes (PDFium is not thread-safe, and
+decoding is CPU work that must stay off the event loop); `RenderPool` runs them there
+and survives a worker that crashes or hangs on a hostile file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import stat
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from PIL import Image, ImageOps
+
+from . import errors
+
+# Formats accepted as images (Pillow's names). Anything else is unsupported_format.
+IMAGE_FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "WEBP", "BMP", "GIF", "PPM", "JPEG2000"}
+# Formats whose frames are pages of one document; other multi-frame images (animated
+# GIF/WebP/APNG) contribute their first frame only.
+PAGED_FORMATS = {"TIFF"}
+PDF_EOF_WINDOW = 4096
+
+Kind = Literal["pdf", "image"]
+
+
+@dataclass(frozen=True)
+class DocInfo:
+    """What probing a file found: enough to schedule it and to render its pages."""
+
+    kind: Kind
+    format: str  # "PDF", "PNG", "JPEG", "TIFF", ...
+    pages: int
+    renderer: str  # "pypdfium2", "pdf2image" or "pillow"
+    pixels: int  # estimated pixels of all pages at the render dpi (for ordering)
+
+
+@dataclass(frozen=True)
+class RenderedPage:
+    """One page as raw 8-bit RGB, cheap to send between processes."""
+
+    index: int  # 0-based
+    width: int
+    height: int
+    data: bytes
+    dpi: float  # the dpi actually used (lower than asked for oversized pages)
+
+    def to_image(self) -> Image.Image:
+        return Image.frombytes("RGB", (self.width, self.height), self.data)
+
+    def to_ppm(self) -> bytes:
+        """Binary PPM: what tesseract reads from stdin without any encoding cost."""
+        return b"P6\n%d %d\n255\n" % (self.width, self.height) + self.data
+
+
+# ---------------------------------------------------------------------------------------
+# Worker-side functions (picklable, module level)
+
+
+def _open_regular(path: str) -> int:
+    """Open without following symlinks or blocking on a FIFO, and insist on a regular
+    file: the path may have been swapped since the caller looked at it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise errors.Unreadable("the file disappeared before it could be read",
+                                reason="vanished") from None
+    except PermissionError:
+        raise errors.Unreadable("ocrd has no permission to read the file "
+                                "(check its owner and mode)") from None
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: a symlink
+            raise errors.NotRegularFile("the file is a symbolic link; ocrd only reads "
+                                        "regular files") from None
+        raise errors.Unreadable(f"the file cannot be opened: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise errors.NotRegularFile("not a regular file (a FIFO, socket, device or folder)")
+    return fd
+
+
+def _sniff(path: str) -> tuple[bytes, bytes, int]:
+    fd = _open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 1024, 0)
+        tail = os.pread(fd, PDF_EOF_WINDOW, max(0, size - PDF_EOF_WINDOW))
+    finally:
+        os.close(fd)
+    return head, tail, size
+
+
+def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) -> DocInfo:
+    """Decide whether the file is a complete, supported document and how big it is.
+
+    Raises `errors.EmptyFile` / `errors.Truncated` for files that may still be being
+    written, and the other `OcrdError`s for files that will never convert."""
+    head, tail, size = _sniff(path)
+    if size == 0:
+        raise errors.EmptyFile("the file is empty (0 bytes)")
+    if size > max_bytes:
+        raise errors.TooLarge(f"the file has {size} bytes, more than limits.max_file_bytes "
+                              f"({max_bytes})")
+    if b"%PDF-" in head:
+        return _probe_pdf(path, tail, dpi, max_pages)
+    return _probe_image(path, head, max_pages, max_pixels)
+
+
+def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
+    if b"%%EOF" not in tail:
+        raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated "
+                               "or still being written")
+    pages, pixels, renderer = None, 0, "pypdfium2"
+    try:
+        pages, pixels = _pdfium_count(path, dpi)
+    except errors.Encrypted:
+        raise
+    except errors.OcrdError:
+        # PDFium refuses some damaged files that poppler repairs: try it before giving up.
+        renderer = "pdf2image"
+        pages = _poppler_count(path)
+        pixels = pages * int(8.27 * dpi) * int(11.69 * dpi)
+    if pages == 0:
+        raise errors.Unreadable("the PDF has no pages")
+    if pages > max_pages:
+        raise errors.TooManyPages(f"the PDF has {pages} pages, more than limits.max_pages "
+                                  f"({max_pages})")
+    return DocInfo("pdf", "PDF", pages, renderer, pixels)
+
+
+def _pdfium_count(path: str, dpi: int) -> tuple[int, int]:
+    import pypdfium2 as pdfium
+
+    try:
+        doc = pdfium.PdfDocument(path)
+    except pdfium.PdfiumError as e:
+        raise _pdf_error(str(e)) from None
+    try:
+        n = len(doc)
+        if n:
+            w, h = doc.get_page_size(0)
+            pixels = int(w * dpi / 72) * int(h * dpi / 72) * n
+        else:
+            pixels = 0
+        return n, pixels
+    finally:
+        doc.close()
+
+
+def _poppler_count(path: str) -> int:
+    from pdf2image import pdfinfo_from_path
+    from pdf2image.exceptions import PDFInfoNotInstalledError, PDFPageCountError
+
+    try:
+        info = pdfinfo_from_path(path, timeout=60)
+    except PDFInfoNotInstalledError:
+        raise errors.Unreadable("PDFium cannot read this PDF and poppler (pdfinfo) is not "
+                                "installed to try it") from None
+    except PDFPageCountError as e:
+        raise _pdf_error(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - poppler's failures are reported as text
+        raise errors.Unreadable(f"the PDF cannot be read: {e}") from None
+    return int(info.get("Pages", 0))
+
+
+def _pdf_error(text: str) -> errors.OcrdError:
+    low = text.lower()
+    if "password" in low:
+        return errors.Encrypted(
+            "the PDF is encrypted with a password; remove it first, e.g. "
+            "`qpdf --decrypt --password=PASSWORD in.pdf out.pdf`")
+    if "trailer" in low or "format" in low or "syntax" in low or "xref" in low:
+        return errors.Truncated(f"the PDF is damaged or truncated ({text.strip()})")
+    return errors.Unreadable(f"the PDF cannot be read ({text.strip()})")
+
+
+def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
+    try:
+        with Image.open(path, formats=sorted(IMAGE_FORMATS)) as im:
+            fmt = im.format or "?"
+            w, h = im.size
+            if w * h > max_pixels:
+                raise errors.TooLarge(
+                    f"the image is {w}×{h} = {w * h} pixels, more than limits.max_pixels "
+                    f"({max_pixels}); it may be a decompression bomb")
+            frames = getattr(im, "n_frames", 1) if fmt in PAGED_FORMATS else 1
+            if frames > max_pages:
+                raise errors.TooManyPages(f"the image has {frames} pages, more than "
+                                          f"limits.max_pages ({max_pages})")
+            # Decoding the last page proves the file is complete (a truncated image
+            # fails here).
+            if frames > 1:
+                im.seek(frames - 1)
+            im.load()
+            return DocInfo("image", fmt, frames, "pillow", w * h * frames)
+    except errors.OcrdError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise errors.TooLarge(f"the image is too large to decode safely ({e})") from None
+    except (Image.UnidentifiedImageError, ValueError) as e:
+        raise errors.UnsupportedFormat(
+            "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
+            f"JPEG 2000); it starts with {head[:8]!r}") from e
+    except (OSError, SyntaxError, EOFError) as e:
+        raise errors.Truncated(f"the image cannot be decoded completely ({e})") from None
+
+
+# One open PDF per worker process: pages of one document usually come in order.
+_open_pdf: dict[str, Any] = {}
+
+
+def _pdfium_doc(path: str) -> Any:
+    import pypdfium2 as pdfium
+
+    doc = _open_pdf.get(path)
+    if doc is None:
+        for old in _open_pdf.values():
+            old.close()
+        _open_pdf.clear()
+        try:
+            doc = pdfium.PdfDocument(path)
+        except pdfium.PdfiumError as e:
+            raise _pdf_error(str(e)) from None
+        _open_pdf[path] = doc
+    return doc
+
+
+def forget(path: str) -> None:
+    """Close a cached document (worker side)."""
+    doc = _open_pdf.pop(path, None)
+    if doc is not None:
+        doc.close()
+
+
+def render_page(path: str, info: DocInfo, index: int, dpi: int, max_pixels: int,
+                renderer: str | None = None) -> RenderedPage:
+    """Render page `index` (0-based) as RGB at `dpi`, lowered for oversized pages so the
+    image stays within `max_pixels`."""
+    renderer = renderer or info.renderer
+    if info.kind == "image":
+        return _render_image(path, index, max_pixels)
+    if renderer == "pypdfium2":
+        try:
+            return _render_pdfium(path, index, dpi, max_pixels)
+        except errors.Encrypted:
+            raise
+        except errors.OcrdError:
+            return _render_poppler(path, index, dpi, max_pixels)
+    return _render_poppler(path, index, dpi, max_pixels)
+
+
+def _fit_dpi(width_pt: float, height_pt: float, dpi: float, max_pixels: int) -> float:
+    px = (width_pt * dpi / 72) * (height_pt * dpi / 72)
+    if px <= max_pixels or px <= 0:
+        return dpi
+    return dpi * (max_pixels / px) ** 0.5 * 0.999
+
+
+def _render_pdfium(path: str, index: int, dpi: float, max_pixels: int) -> RenderedPage:
+    import pypdfium2 as pdfium
+
+    doc = _pdfium_doc(path)
+    try:
+        page = doc[index]
+        w, h = page.get_size()
+        dpi = _fit_dpi(w, h, dpi, max_pixels)
+        bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True)
+        img = bitmap.to_pil()
+        page.close()
+    except pdfium.PdfiumError as e:
+        raise errors.RenderFailed(f"page {index + 1} cannot be rendered: {e}") from None
+    return _pack(img, index, dpi)
+
+
+def _render_poppler(path: str, index: int, dpi: float, max_pixels: int) -> RenderedPage:
+    from pdf2image import convert_from_path
+
+    try:
+        imgs = convert_from_path(path, dpi=dpi, first_page=index + 1, last_page=index + 1,
+                                 fmt="ppm", timeout=600)
+    except Exception as e:  # noqa: BLE001 - poppler reports everything as text
+        raise _pdf_error(str(e)) from None
+    if not imgs:
+        raise errors.RenderFailed(f"page {index + 1} rendered to nothing")
+    img = imgs[0]
+    if img.width * img.height > max_pixels:
+        scale = (max_pixels / (img.width * img.height)) ** 0.5
+        img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
+        dpi *= scale
+    return _pack(img, index, dpi)
+
+
+def _render_image(path: str, index: int, max_pixels: int) -> RenderedPage:
+    try:
+        with Image.open(path, formats=sorted(IMAGE_FORMATS)) as im:
+            if im.width * im.height > max_pixels:
+                raise errors.TooLarge(f"the image has more than {max_pixels} pixels")
+            if index:
+                im.seek(index)
+            im.load()
+            img = to_rgb(ImageOps.exif_transpose(im) or im)
+    except errors.OcrdError:
+        raise
+    except (OSError, SyntaxError, EOFError, ValueError) as e:
+        raise errors.Truncated(f"page {index + 1} of the image cannot be decoded ({e})") \
+            from None
+    return _pack(img, index, 0.0)
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """Any Pillow mode → 8-bit RGB: transparency on white, 16-bit scaled (not clipped)."""
+    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        # Scale by the actual maximum: 16-bit scans rarely use the full range, and
+        # Pillow's plain convert clips everything above 255 to white.
+        arr = im.convert("I")
+        lo, hi = arr.getextrema()
+        span = max(1, hi - lo)
+        im = arr.point(lambda v: (v - lo) * 255 / span).convert("L")
+    elif im.mode == "F":
+        im = im.convert("L")
+    if im.mode == "P":
+        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
+    if im.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        im = Image.alpha_composite(background, rgba)
+    return im.convert("RGB") if im.mode != "RGB" else im
+
+
+def _pack(img: Image.Image, index: int, dpi: float) -> RenderedPage:
+    img = to_rgb(img)
+    return RenderedPage(index, img.width, img.height, img.tobytes(), dpi)
+
+
+def _warm() -> int:
+    """Import the heavy modules once so the first real page is not slowed down."""
+    import pypdfium2  # noqa: F401
+
+    return os.getpid()
+
+
+# ---------------------------------------------------------------------------------------
+# Main-process side
+
+
+class RenderPool:
+    """Worker processes for probing and rendering.
+
+    A worker that crashes (a segfault in a decoder) or hangs breaks the whole
+    ProcessPoolExecutor; the pool is then rebuilt, and the call is tried once more on
+    fresh workers before the file is blamed — the crash may have been another file's.
+    """
+
+    def __init__(self, workers: int, timeout: float = 300.0) -> None:
+        self.workers = workers or os.cpu_count() or 1
+        self.timeout = timeout
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._generation = 0
+
+    def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._generation += 1
+        return self._pool
+
+    async def start(self) -> None:
+        pool = self._ensure()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(pool, _warm) for _ in range(self.workers)))
+
+    def _discard(self, generation: int) -> None:
+        pool = self._pool
+        if pool is None or generation != self._generation:
+            return  # already rebuilt by someone else
+        self._pool = None
+        # A hung worker never returns: kill the processes, do not wait for them.
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(Exception):
+                proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        loop = asyncio.get_running_loop()
+        for attempt in (1, 2):
+            pool = self._ensure()
+            generation = self._generation
+            try:
+                fut = loop.run_in_executor(pool, fn, *args)
+                return await asyncio.wait_for(fut, timeout or self.timeout)
+            except BrokenProcessPool:
+                self._discard(generation)
+                if attempt == 2:
+                    raise errors.RenderFailed(
+                        "the renderer crashed on this file twice (a damaged or hostile "
+                        "file?)") from None
+            except TimeoutError:
+                self._discard(generation)
+                raise errors.RenderFailed(
+                    f"rendering took longer than {timeout or self.timeout:.0f} s and was "
+                    "stopped") from None
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+

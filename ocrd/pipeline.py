@@ -1,0 +1,382 @@
+"""One document through the pipeline: probe → render pages (ahead, bounded) → engine →
+Markdown → results written atomically. Used by the daemon and by `ocrd convert`.
+
+Memory stays flat with page count: at most `render.lookahead` rendered pages wait per
+document, pages in the engine are bounded by the shared slots, and figure crops go to a
+staging folder as they appear instead of piling up in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import structlog
+
+from . import __version__, errors, markdown, outbox, pages
+from .config import Config
+from .engines.base import Engine, PageOutput, PageRequest
+from .schedule import FairSlots
+
+log = structlog.get_logger("ocrd.pipeline")
+
+
+@dataclass
+class Source:
+    """A document to convert, wherever it currently lies."""
+
+    path: Path  # the file to read (claimed copy in the work area, or the user's file)
+    name: str  # path shown in outputs: relative to the inbox, or as given
+    inbox: str | None = None
+    prompt_mode: str = "markdown"
+    custom_prompt: str | None = None
+    claimed_at: float = field(default_factory=time.time)
+    info: pages.DocInfo | None = None
+    sha256: str | None = None
+    order: tuple = ()  # scheduler order key (batch, cost, seq)
+
+
+@dataclass
+class Written:
+    """What a finished conversion wrote."""
+
+    markdown: Path
+    sidecar: Path
+    assets: Path | None
+    meta: dict[str, Any]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class EngineGate:
+    """Open while the engine takes work. A page that meets EngineUnavailable closes it
+    and waits; one prober polls the engine's health with backoff and reopens it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.open = asyncio.Event()
+        self.open.set()
+        self._prober: asyncio.Task | None = None
+
+    async def wait(self, why: Exception) -> None:
+        if self.open.is_set():
+            log.warning("engine_unavailable", error=str(why))
+            self.open.clear()
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._probe(), name="engine-prober")
+        await self.open.wait()
+
+    async def _probe(self) -> None:
+        delay = 0.5
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                if await self.engine.health():
+                    log.info("engine_available")
+                    self.open.set()
+                    return
+            except Exception as e:  # noqa: BLE001 - any failure means "not yet"
+                log.debug("engine_health_failed", error=str(e))
+            delay = min(delay * 2, 15.0)
+
+
+class Converter:
+    def __init__(self, cfg: Config, engine: Engine, pool: pages.RenderPool,
+                 slots: FairSlots, reservations: outbox.Reservations | None = None,
+                 metrics: Any = None) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.pool = pool
+        self.slots = slots
+        self.reservations = reservations or outbox.Reservations()
+        self.metrics = metrics
+        self.gate = EngineGate(engine)
+
+    async def probe(self, path: Path) -> pages.DocInfo:
+        lim = self.cfg.limits
+        return await self.pool.call(pages.probe, str(path), self.cfg.render.dpi,
+                                    lim.max_pages, lim.max_file_bytes, lim.max_pixels)
+
+    async def convert(self, src: Source, out_dir: Path, perms: outbox.Perms) -> Written:
+        """Convert one document and write NAME.md, NAME.json (and NAME.assets/) into
+        out_dir. Raises OcrdError subclasses for the file's own problems, EngineDead when
+        the engine is gone, OSError when the destination cannot be written."""
+        t0 = time.time()
+        blog = log.bind(file=src.name)
+        info = src.info or await self.probe(src.path)
+        src.info = info
+        if src.sha256 is None:
+            src.sha256 = await asyncio.to_thread(sha256_file, src.path)
+        stem = PurePosixPath(src.name).name
+        stem = stem.rpartition(".")[0] or stem
+        await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
+        base = self.reservations.choose(out_dir, stem, src.sha256, src.name)
+        staging = Staging(base, perms)
+        try:
+            results = await self._pages(src, info, staging, base.name + ".assets", blog)
+            meta = self._sidecar(src, info, results, base, staging, t0)
+            text = assemble(results)
+            await asyncio.to_thread(self._write, base, text, meta, staging, perms)
+        except BaseException:
+            staging.discard()
+            raise
+        finally:
+            self.reservations.release(base)
+        blog.info("file_converted", pages=info.pages, seconds=round(time.time() - t0, 3),
+                  output=str(base) + ".md", degraded=meta["degraded_pages"])
+        return Written(base.with_name(base.name + ".md"), base.with_name(base.name + ".json"),
+                       staging.final if staging.used else None, meta)
+
+    # -- pages ------------------------------------------------------------------------
+
+    async def _pages(self, src: Source, info: pages.DocInfo, staging: Staging,
+                     assets_link: str, blog: Any) -> list[dict]:
+        results: list[dict] = [{} for _ in range(info.pages)]
+        ahead = asyncio.Semaphore(self.cfg.render.lookahead)
+        doc_key = object()  # identity of this document for the fair slots
+
+        async def one(i: int) -> None:
+            held = True
+            try:
+                t = time.time()
+                rendered = await self.pool.call(
+                    pages.render_page, str(src.path), info, i, self.cfg.render.dpi,
+                    self.cfg.limits.max_pixels)
+                image = rendered.to_image()
+                render_s = time.time() - t
+                req = PageRequest(image=image, page_no=i + 1, doc_id=src.sha256 or src.name,
+                                  prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
+                                  custom_prompt=src.custom_prompt)
+                await self.slots.acquire(doc_key, src.order)
+                ahead.release()
+                held = False
+                if self.metrics:
+                    self.metrics.pages_in_flight.inc()
+                try:
+                    out = await self._ocr(req, blog)
+                finally:
+                    self.slots.release(doc_key)
+                    if self.metrics:
+                        self.metrics.pages_in_flight.dec()
+                results[i] = await self._page_result(i, out, image, rendered, render_s,
+                                                     staging, assets_link)
+                blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
+                           tokens=out.tokens, finish=out.finish_reason)
+            finally:
+                if held:
+                    ahead.release()
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i in range(info.pages):
+                    await ahead.acquire()
+                    tg.create_task(one(i), name=f"page-{i + 1}")
+        except BaseExceptionGroup as eg:
+            raise _first(eg) from None
+        return results
+
+    async def _ocr(self, req: PageRequest, blog: Any) -> PageOutput:
+        sched = self.cfg.schedule
+        failures = 0
+        while True:
+            await self.gate.open.wait()
+            try:
+                return await asyncio.wait_for(self.engine.ocr(req), sched.page_timeout_seconds)
+            except errors.EngineUnavailable as e:
+                await self.gate.wait(e)
+            except (errors.EngineDead, asyncio.CancelledError):
+                raise
+            except Exception as e:  # noqa: BLE001 - the engine's failure, counted per page
+                failures += 1
+                detail = "timed out" if isinstance(e, TimeoutError) else f"{e}"
+                blog.warning("page_engine_error", page=req.page_no, attempt=failures,
+                             error=detail or type(e).__name__)
+                if failures > sched.page_retries:
+                    raise errors.EngineFailed(
+                        f"page {req.page_no}: the engine failed {failures} times "
+                        f"(last: {detail or type(e).__name__})") from None
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** failures))
+
+    async def _page_result(self, i: int, out: PageOutput, image: Any,
+                           rendered: pages.RenderedPage, render_s: float, staging: Staging,
+                           assets_link: str) -> dict:
+        figures: list[str] = []
+        malformed = False
+        if self.engine.output_format == "grounding":
+            pm = markdown.grounding_to_markdown(out.text, image, i + 1, assets_link)
+            md, malformed = pm.markdown, pm.malformed
+            for fig in pm.figures:
+                await asyncio.to_thread(staging.add, fig.name, _png(fig.image))
+                figures.append(fig.name)
+        else:
+            md = markdown.text_to_markdown(out.text)
+        status = "ok"
+        if out.degraded:
+            status = "degraded"
+        elif not md.strip():
+            status = "blank"
+        if self.metrics:
+            self.metrics.pages.labels(status).inc()
+            self.metrics.page_seconds.observe(out.seconds)
+        return {
+            "page": i + 1,
+            "status": status,
+            "degraded": out.degraded,
+            "finish_reason": out.finish_reason,
+            "tokens": out.tokens,
+            "prompt_tokens": out.prompt_tokens,
+            "attempts": out.attempts,
+            "malformed_output": malformed,
+            "width": rendered.width,
+            "height": rendered.height,
+            "dpi": round(rendered.dpi, 2) if rendered.dpi else None,
+            "render_seconds": round(render_s, 4),
+            "engine_seconds": round(out.seconds, 4),
+            "started_at": out.started_at,
+            "finished_at": out.finished_at,
+            "figures": figures,
+            "markdown": md,
+        }
+
+    # -- results ----------------------------------------------------------------------
+
+    def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: Path,
+                 staging: Staging, t0: float) -> dict:
+        page_meta = [{k: v for k, v in r.items() if k != "markdown"} for r in results]
+        degraded = [r["page"] for r in results if r["status"] == "degraded"]
+        return {
+            "ocrd_version": __version__,
+            "source": {
+                "path": src.name,
+                "inbox": src.inbox,
+                "size": src.path.stat().st_size,
+                "sha256": src.sha256,
+                "format": info.format,
+                "renderer": info.renderer,
+            },
+            "engine": self.engine.describe(),
+            "prompt": src.prompt_mode if self.engine.output_format == "grounding" else None,
+            "page_count": info.pages,
+            "status": "degraded" if degraded else "ok",
+            "degraded_pages": degraded,
+            "outputs": {
+                "markdown": base.name + ".md",
+                "assets": base.name + ".assets" if staging.used else None,
+            },
+            "timings": {
+                "claimed_at": src.claimed_at,
+                "started_at": t0,
+                "finished_at": time.time(),
+                "seconds": round(time.time() - t0, 4),
+            },
+            "pages": page_meta,
+        }
+
+    def _write(self, base: Path, text: str, meta: dict, staging: Staging,
+               perms: outbox.Perms) -> None:
+        # Order matters: assets, then the sidecar, then the Markdown last, so whoever
+        # waits for NAME.md finds everything else in place.
+        staging.commit()
+        outbox.write_atomic(base.with_name(base.name + ".json"),
+                            (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode(),
+                            perms)
+        outbox.write_atomic(base.with_name(base.name + ".md"), text.encode("utf-8"), perms)
+        outbox.fsync_dir(base.parent)
+
+
+PAGE_MARK = "<!-- page {n}{note} -->"
+
+
+def assemble(results: list[dict]) -> str:
+    """The document's Markdown: every page, in order, each opened by an HTML comment
+    (`<!-- page 3 -->`, or `<!-- page 3 (blank) -->` / `(degraded: length)`), invisible
+    when rendered and easy to split on."""
+    parts = []
+    for r in results:
+        note = ""
+        if r["status"] == "blank":
+            note = " (blank)"
+        elif r["status"] == "degraded":
+            note = f" (degraded: {r['degraded']})"
+        parts.append(PAGE_MARK.format(n=r["page"], note=note))
+        body = r["markdown"].strip()
+        if body:
+            parts.append(body)
+    return "\n\n".join(parts) + "\n"
+
+
+class Staging:
+    """NAME.assets/ built under a temporary name next to its final place."""
+
+    def __init__(self, base: Path, perms: outbox.Perms) -> None:
+        self.final = base.with_name(base.name + ".assets")
+        self.perms = perms
+        self.dir: Path | None = None
+        self.files = 0
+
+    @property
+    def used(self) -> bool:
+        return self.files > 0
+
+    def add(self, name: str, data: bytes) -> None:
+        if self.dir is None:
+            self.dir = self.final.with_name(self.perms.tmp_name(self.final.name))
+            self.dir.mkdir(mode=0o700)
+        outbox.write_atomic(self.dir / name, data, self.perms)
+        self.files += 1
+
+    def commit(self) -> None:
+        if self.dir is None:
+            # No figures this time: remove assets an earlier run of this document left.
+            outbox.remove_tree(self.final)
+            return
+        outbox.fsync_dir(self.dir)
+        self.dir.chmod(self.perms.dir_mode)
+        if self.final.exists():
+            outbox.remove_tree(self.final)
+        self.dir.rename(self.final)
+        self.dir = None
+
+    def discard(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+def _png(image: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _first(eg: BaseExceptionGroup) -> BaseException:
+    """The exception that matters in a TaskGroup's group: engine death first, then the
+    file's own error, then anything else."""
+    flat: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            flat.append(e)
+
+    walk(eg)
+    for kind in (errors.EngineDead, errors.OcrdError, Exception):
+        for e in flat:
+            if isinstance(e, kind):
+                return e
+    return flat[0]

@@ -1,0 +1,201 @@
+"""Finding files in inboxes: full scans (the truth) and watchdog events (hints).
+
+Scans walk an inbox without following symlinks and report every entry that is not
+ignored. inotify observers only tell the daemon to look sooner; on network filesystems,
+where inotify misses other machines' writes, inboxes are polled by scanning instead.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers.inotify import InotifyObserver
+
+from .config import BUILTIN_IGNORE, InboxConfig
+
+log = structlog.get_logger("ocrd.watch")
+
+NETWORK_FS = {
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "afs", "lustre",
+    "gpfs", "davfs", "virtiofs", "vboxsf", "vmhgfs", "ncpfs", "beegfs", "ocfs2", "gfs2",
+}
+
+WORK_DIR_NAME = ".ocrd-work"
+
+
+def fs_type(path: Path) -> str:
+    """The filesystem type of the mount holding `path`, from /proc/self/mountinfo."""
+    real = os.path.realpath(path)
+    best, best_type = "", "unknown"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                mount = _unescape(fields[4])
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and \
+                        len(mount) >= len(best):
+                    best, best_type = mount, right.split()[0]
+    except OSError:
+        pass
+    return best_type
+
+
+def _unescape(text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...)
+    return text.encode().decode("unicode_escape") if "\\" in text else text
+
+
+def is_network_fs(kind: str) -> bool:
+    return kind in NETWORK_FS or kind.startswith("fuse")
+
+
+def watch_mode(inbox: InboxConfig) -> str:
+    """The watch mode an inbox gets: polling on network filesystems under `auto`."""
+    if inbox.watch != "auto":
+        return inbox.watch
+    return "polling" if is_network_fs(fs_type(inbox.path)) else "inotify"
+
+
+class Ignore:
+    """Built-in plus configured ignore patterns, and the include patterns."""
+
+    def __init__(self, inbox: InboxConfig) -> None:
+        self.ignore = [p.lower() for p in (*BUILTIN_IGNORE, *inbox.ignore)]
+        self.include = [p.lower() for p in inbox.include]
+
+    def ignored_part(self, name: str) -> bool:
+        low = name.lower()
+        return any(fnmatch.fnmatchcase(low, p) for p in self.ignore)
+
+    def wanted(self, relpath: str) -> bool:
+        """True if no component is ignored and the file name is included."""
+        parts = relpath.split("/")
+        if any(self.ignored_part(p) for p in parts):
+            return False
+        low = parts[-1].lower()
+        return any(fnmatch.fnmatchcase(low, p) for p in self.include)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An inbox entry a scan found. `regular` is False for symlinks, FIFOs, sockets and
+    devices: those are never opened, only reported."""
+
+    path: Path
+    relpath: str
+    size: int
+    mtime_ns: int
+    ino: int
+    regular: bool
+
+
+def entry_for(path: Path, relpath: str, st: os.stat_result) -> Entry:
+    return Entry(path, relpath, st.st_size, st.st_mtime_ns, st.st_ino,
+                 stat.S_ISREG(st.st_mode))
+
+
+def scan(root: Path, recursive: bool, ignore: Ignore,
+         on_error: Callable[[Path, OSError], None] | None = None) -> Iterator[Entry]:
+    """Every wanted entry under root (not following symlinks)."""
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError as e:
+            if on_error is not None:
+                on_error(folder, e)
+            continue
+        for de in entries:
+            if ignore.ignored_part(de.name):
+                continue
+            rel = prefix + de.name
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished between listing and stat
+            if stat.S_ISDIR(st.st_mode):
+                if recursive:
+                    stack.append((Path(de.path), rel + "/"))
+                continue
+            if ignore.wanted(rel):
+                yield entry_for(Path(de.path), rel, st)
+
+
+Hint = Callable[[str, bool, bool], None]  # (path, closed_after_write, is_dir)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, hint: Hint) -> None:
+        self.hint = hint
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        path = event.dest_path if isinstance(event, FileMovedEvent | DirMovedEvent) \
+            else event.src_path
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        self.hint(path, isinstance(event, FileClosedEvent), event.is_directory)
+
+
+EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent,
+          DirCreatedEvent, DirMovedEvent]
+
+
+class Observers:
+    """inotify observers for the inboxes that use them. Starting one can fail (watch
+    limit reached, folder missing): the inbox then falls back to polling, with a
+    warning."""
+
+    def __init__(self, hint: Hint) -> None:
+        self.hint = hint
+        self._observers: dict[Path, InotifyObserver] = {}
+
+    def watch(self, inbox: InboxConfig) -> bool:
+        if inbox.path in self._observers:
+            return True
+        observer = InotifyObserver()
+        try:
+            observer.schedule(_Handler(self.hint), str(inbox.path), recursive=inbox.recursive,
+                              event_filter=EVENTS)
+            observer.start()
+        except OSError as e:
+            log.warning("inotify_unavailable", inbox=str(inbox.path), error=str(e),
+                        fallback="polling")
+            observer.stop()
+            return False
+        self._observers[inbox.path] = observer
+        return True
+
+    def unwatch(self, path: Path) -> None:
+        observer = self._observers.pop(path, None)
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=5)
+
+    def alive(self, path: Path) -> bool:
+        observer = self._observers.get(path)
+        return observer is not None and observer.is_alive()
+
+    def stop(self) -> None:
+        for path in list(self._observers):
+            self.unwatch(path)
