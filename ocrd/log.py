@@ -67,9 +67,9 @@ def setup(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # Noisy libraries stay at warning unless debugging.
+    # Noisy libraries stay at warning: watchdog logs every inotify event at debug.
     for name in ("watchdog", "PIL", "urllib3", "asyncio"):
-        logging.getLogger(name).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+        logging.getLogger(name).setLevel(logging.WARNING)
     logging.captureWarnings(True)
     # vLLM's own logger reaches the root handler instead of configuring its own.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")

@@ -29,6 +29,12 @@ IMAGE_FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "WEBP", "BMP", "GIF", "PPM", "JPE
 PAGED_FORMATS = {"TIFF"}
 PDF_EOF_WINDOW = 4096
 
+
+def _open_formats() -> list[str]:
+    """Pillow plugin ids to try when opening (MPO, a JPEG variant, opens via JPEG)."""
+    Image.init()
+    return sorted(f for f in IMAGE_FORMATS if f in Image.OPEN)
+
 Kind = Literal["pdf", "image"]
 
 
@@ -185,7 +191,7 @@ def _pdf_error(text: str) -> errors.OcrdError:
 
 def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
     try:
-        with Image.open(path, formats=sorted(IMAGE_FORMATS)) as im:
+        with Image.open(path, formats=_open_formats()) as im:
             fmt = im.format or "?"
             w, h = im.size
             if w * h > max_pixels:
@@ -207,11 +213,29 @@ def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> Doc
     except Image.DecompressionBombError as e:
         raise errors.TooLarge(f"the image is too large to decode safely ({e})") from None
     except (Image.UnidentifiedImageError, ValueError) as e:
+        if _image_magic(head):
+            raise errors.Truncated(f"the {_image_magic(head)} image is damaged or incomplete "
+                                   "(its header cannot be read)") from None
         raise errors.UnsupportedFormat(
             "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
             f"JPEG 2000); it starts with {head[:8]!r}") from e
     except (OSError, SyntaxError, EOFError) as e:
         raise errors.Truncated(f"the image cannot be decoded completely ({e})") from None
+
+
+_MAGIC = [(b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"),
+          (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"BM", "BMP"),
+          (b"\x00\x00\x00\x0cjP  ", "JPEG 2000")]
+
+
+def _image_magic(head: bytes) -> str | None:
+    """The image format a file's first bytes claim, if any."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WebP"
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    return None
 
 
 # One open PDF per worker process: pages of one document usually come in order.
@@ -301,7 +325,7 @@ def _render_poppler(path: str, index: int, dpi: float, max_pixels: int) -> Rende
 
 def _render_image(path: str, index: int, max_pixels: int) -> RenderedPage:
     try:
-        with Image.open(path, formats=sorted(IMAGE_FORMATS)) as im:
+        with Image.open(path, formats=_open_formats()) as im:
             if im.width * im.height > max_pixels:
                 raise errors.TooLarge(f"the image has more than {max_pixels} pixels")
             if index:

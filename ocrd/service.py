@@ -500,6 +500,11 @@ class Daemon:
                     state.tracker.observe(now)
                     return
                 await self._claim(state, cand, info, None)
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the file unreported
+            log.exception("check_failed", file=entry.relpath)
+            if entry.regular and os.path.lexists(entry.path):
+                await self._claim(state, cand, None, errors.OcrdError(
+                    f"internal error while checking the file: {e!r}", reason="internal_error"))
         finally:
             cand.busy = False
 
@@ -657,8 +662,9 @@ class Daemon:
     async def _fail(self, item: Item, err: errors.OcrdError) -> None:
         state = item.inbox
         rel = PurePosixPath(item.relpath)
+        attempts = (self.journal.get(item.job_id) or _NOJOB).attempts
         try:
-            dest = await asyncio.to_thread(self._move_failed, state, item, rel, err)
+            dest = await asyncio.to_thread(self._move_failed, state, item, rel, err, attempts)
         except OSError as e:
             self.journal.requeue(item.job_id)
             log.error("failed_folder_unwritable", file=item.relpath, error=e.strerror,
@@ -671,7 +677,7 @@ class Daemon:
                     moved_to=str(dest))
 
     def _move_failed(self, state: InboxState, item: Item, rel: PurePosixPath,
-                     err: errors.OcrdError) -> Path:
+                     err: errors.OcrdError, attempts: int) -> Path:
         folder = outbox.makedirs(state.cfg.failed, rel.parent if rel.parent.parts else None,
                                  state.perms)
         src = item.source.path
@@ -680,8 +686,7 @@ class Daemon:
         else:
             dest = folder / outbox.fit_name(rel.name, "", 40)
         _write_error(dest, err, item.relpath, state.perms,
-                     extra={"sha256": item.source.sha256,
-                            "attempts": (self.journal.get(item.job_id) or _NOJOB).attempts})
+                     extra={"sha256": item.source.sha256, "attempts": attempts})
         return dest
 
     async def _recover(self) -> None:

@@ -13,6 +13,7 @@ import itertools
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -109,6 +110,45 @@ def _request_tag(doc_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", doc_id)[-40:] or "doc"
 
 
+@dataclass(frozen=True)
+class _VllmApi:
+    """The parts of vLLM this engine uses, imported on demand."""
+
+    version: str
+    AsyncLLM: Any
+    AsyncEngineArgs: Any
+    SamplingParams: Any
+    RepetitionDetectionParams: Any  # None before vLLM 0.19
+    EngineDeadError: type[BaseException]
+    final_only: Any
+    ngram_processor: Any
+
+    @classmethod
+    def load(cls) -> _VllmApi:
+        import vllm
+        from vllm import SamplingParams
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:  # vLLM >= 0.19 can end a looping request early
+            from vllm.sampling_params import RepetitionDetectionParams
+        except ImportError:
+            RepetitionDetectionParams = None
+        return cls(
+            version=getattr(vllm, "__version__", "?"),
+            AsyncLLM=AsyncLLM,
+            AsyncEngineArgs=AsyncEngineArgs,
+            SamplingParams=SamplingParams,
+            RepetitionDetectionParams=RepetitionDetectionParams,
+            EngineDeadError=EngineDeadError,
+            final_only=RequestOutputKind.FINAL_ONLY,
+            ngram_processor=NGramPerReqLogitsProcessor,
+        )
+
+
 class VllmEngine(Engine):
     """DeepSeek-OCR-2 on a vLLM AsyncLLM engine owned by this process."""
 
@@ -121,7 +161,6 @@ class VllmEngine(Engine):
         self.max_concurrency = cfg.vllm.max_num_seqs
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._guard: HeadDimGuard | None = None
-        self._vllm_version = "?"
         self._dead = False
         self._closing = False
         self._in_flight: set[str] = set()
@@ -129,57 +168,40 @@ class VllmEngine(Engine):
         # Request ids must be unique in the engine; the pid keeps them apart in logs of
         # several daemons sharing a GPU host.
         self._id_prefix = f"ocrd{os.getpid()}"
-        # vLLM classes, bound in start() so that importing this module needs no vLLM
-        self._sampling_params: Any = None
-        self._final_only: Any = None
-        self._repetition_params: Any = None
-        self._dead_error: type[BaseException] = EngineDead
+        self._api: _VllmApi | None = None  # vLLM's classes, loaded by start()
 
     # ---- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
         """Build the engine (minutes on a GPU: weights, profiling, CUDA graphs)."""
-        import vllm
-        from vllm import SamplingParams
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
-        from vllm.sampling_params import RequestOutputKind
-        from vllm.v1.engine.async_llm import AsyncLLM
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        try:  # vLLM >= 0.19 can end a looping request early
-            from vllm.sampling_params import RepetitionDetectionParams
-        except ImportError:
-            RepetitionDetectionParams = None  # noqa: N806 - a class, or its absence
-
-        self._vllm_version = getattr(vllm, "__version__", "?")
-        self._sampling_params = SamplingParams
-        self._final_only = RequestOutputKind.FINAL_ONLY
-        self._repetition_params = RepetitionDetectionParams
-        self._dead_error = EngineDeadError
-
+        # Importing vLLM takes 5-30 s and AsyncLLM's constructor is synchronous (engine
+        # core process, weights, KV cache): both run in worker threads so that the event
+        # loop keeps serving health checks and signals meanwhile. Importing in a thread
+        # also keeps vLLM's import-time tracebacks from pinning this coroutine's frame
+        # (and with it the engine) until the interpreter exits.
+        api = await asyncio.to_thread(_VllmApi.load)
+        self._api = api
         kwargs = engine_kwargs(self.cfg)
         kwargs["logits_processors"] = [
-            NGramPerReqLogitsProcessor if p == NGRAM_PROCESSOR else p
+            api.ngram_processor if p == NGRAM_PROCESSOR else p
             for p in kwargs.get("logits_processors") or []
         ]
         self._guard = kwargs["hf_overrides"]
-        args = AsyncEngineArgs(**kwargs)
-        log.info("engine_starting", kind=self.kind, model=self.model,
-                 vllm=self._vllm_version, dtype=self.cfg.vllm.dtype)
+        log.info("engine_starting", kind=self.kind, model=self.model, vllm=api.version,
+                 dtype=self.cfg.vllm.dtype)
         t0 = time.monotonic()
-        # AsyncLLM's constructor is synchronous and takes from seconds to minutes (engine
-        # core process, weights, KV cache). Built in a worker thread, the event loop keeps
-        # serving health checks and signals meanwhile. The constructor only starts its
-        # asyncio tasks when it finds a running loop, so in a thread it defers them...
-        engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
-        # ...and they are started here, on the loop, so that an engine core failure is
-        # noticed even before the first page (vLLM's own comment on the lazy start).
-        start_handler = getattr(engine, "_run_output_handler", None)
+        self._engine = await asyncio.to_thread(
+            api.AsyncLLM.from_engine_args, api.AsyncEngineArgs(**kwargs))
+        # Built off the loop, AsyncLLM defers its output handler task; start it here so
+        # that an engine core failure is noticed even before the first page (the lazy
+        # start is vLLM's own fallback; the method is private, hence the guard).
+        start_handler = getattr(self._engine, "_run_output_handler", None)
         if callable(start_handler):
             start_handler()
-        self._engine = engine
-        head_dim = engine.model_config.get_head_size()
+        try:
+            head_dim = self._engine.model_config.get_head_size()
+        except Exception:  # informational only
+            head_dim = None
         log.info("engine_started", kind=self.kind, seconds=round(time.monotonic() - t0, 1),
                  head_dim=head_dim, head_dim_override=self._guard.applied)
 
@@ -213,7 +235,7 @@ class VllmEngine(Engine):
 
     def describe(self) -> dict:
         info = super().describe()
-        info.update(vllm=self._vllm_version, dtype=self.cfg.vllm.dtype,
+        info.update(vllm=self._api.version if self._api else None, dtype=self.cfg.vllm.dtype,
                     max_model_len=self.cfg.vllm.max_model_len,
                     max_num_seqs=self.cfg.vllm.max_num_seqs)
         if self._guard is not None and self._guard.applied is not None:
@@ -241,30 +263,31 @@ class VllmEngine(Engine):
         if self._engine is None:
             raise EngineUnavailable("the vLLM engine is not started")
 
-    def _params(self, settings: AttemptSettings) -> Any:
+    def _params(self, api: _VllmApi, settings: AttemptSettings) -> Any:
         kwargs: dict[str, Any] = {
             "temperature": 0.0,
             "max_tokens": self.cfg.max_tokens,
             # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
             "skip_special_tokens": False,
-            "output_kind": self._final_only,
+            "output_kind": api.final_only,
             "extra_args": settings.extra_args(),
         }
         rep = settings.repetition_params()
-        if rep is not None and self._repetition_params is not None:
-            kwargs["repetition_detection"] = self._repetition_params(**rep)
-        return self._sampling_params(**kwargs)
+        if rep is not None and api.RepetitionDetectionParams is not None:
+            kwargs["repetition_detection"] = api.RepetitionDetectionParams(**rep)
+        return api.SamplingParams(**kwargs)
 
     async def _attempt(self, page: PageRequest, settings: AttemptSettings) -> Attempt:
         self._check_usable()
-        engine = self._engine
+        engine, api = self._engine, self._api
+        assert api is not None
         request_id = (f"{self._id_prefix}-{next(self._ids)}-{_request_tag(page.doc_id)}"
                       f"-p{page.page_no}-a{settings.attempt}")
         prompt = {"prompt": page.prompt, "multi_modal_data": {"image": page.image}}
         final = None
         self._in_flight.add(request_id)
         try:
-            async for output in engine.generate(prompt, self._params(settings), request_id):
+            async for output in engine.generate(prompt, self._params(api, settings), request_id):
                 final = output
         except asyncio.CancelledError:
             # generate() aborts on cancellation itself; aborting again is harmless and
@@ -273,7 +296,7 @@ class VllmEngine(Engine):
                 with contextlib.suppress(Exception):
                     await engine.abort(request_id)
             raise
-        except self._dead_error as e:
+        except api.EngineDeadError as e:
             self._dead = True
             raise EngineDead(f"the vLLM engine died: {e}") from e
         except Exception as e:

@@ -31,6 +31,12 @@ def _tokenizer(out: Path) -> int:
         vocab[f"<0x{b:02X}>"] = len(vocab)
     for ch in ["▁"] + [chr(c) for c in range(33, 127)]:
         vocab.setdefault(ch, len(vocab))
+    # Fill up with Latin-1 letters so that the vocabulary (with the special tokens added
+    # below) is a multiple of 64: the model's padded rows then all decode to text, even
+    # when random weights pick them.
+    extra = -(len(vocab) + 1 + len(SPECIAL_TOKENS)) % 64
+    for c in range(0xC0, 0xC0 + extra):
+        vocab[chr(c)] = len(vocab)
     tok = LlamaTokenizerFast(
         vocab=vocab, merges=[], bos_token=BOS, eos_token=EOS, unk_token=UNK,
         add_bos_token=True, add_eos_token=False, legacy=False, add_prefix_space=False)
@@ -45,6 +51,7 @@ def build(out: Path, vision_dim: int = TINY_VISION_DIM) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     vocab_size = _tokenizer(out)
     padded_vocab = (vocab_size + 63) // 64 * 64
+    assert padded_vocab == vocab_size, "every row of the embedding must be a real token"
     # DeepSeek-OCR-2's language model is DeepSeek-3B-MoE with plain multi-head attention
     # (no MLA): the same zero qk_*_head_dim fields as the real checkpoint, which is what
     # makes transformers 5 report head_dim 0 (see ocrd/engines/vllm.py).

@@ -8,9 +8,12 @@ namespace, for tiny instances of the same classes: same forward code, same token
 projector_config.input_dim == VISION_DIM (tests/vllm/tiny_model.py).
 
 With DSOCR2_SCALED_DUMMY=1 it also replaces vLLM's dummy initialiser (U(-1e-3, 1e-3),
-which makes logits ignore the image) with fan-in scaled values, so that different images
-give different tokens. That must happen at load time: the CPU backend pre-packs linear
-weights after loading.
+which makes logits ignore the image) with fan-in scaled values of gain WEIGHT_GAIN, drawn
+from a new seed for every tensor. At gain 1 (or with tensors of equal size sharing values)
+the image moves logits by ~1%: every page gives the same tokens. At gain 3 the random
+network is sensitive to its input, so different images give different tokens and random
+pages end with EOS after a few tokens, as real pages do. That must happen at load time:
+the CPU backend pre-packs linear weights after loading.
 
 vLLM loads general plugins (entry point group `vllm.general_plugins`) in every process it
 starts, including spawned engine cores and `vllm serve`; the sibling .dist-info folder
@@ -24,6 +27,7 @@ from functools import partial
 from typing import Any
 
 VISION_DIM = 64
+WEIGHT_GAIN = 3.0
 
 
 def shrink_vision_tower(vision_dim: int = VISION_DIM) -> None:
@@ -59,13 +63,17 @@ def scale_dummy_weights() -> None:
     if getattr(dummy_loader, "_ocrd_scaled", False):
         return
 
+    calls = [0]
+
     def init(param: Any, *args: Any, **kwargs: Any) -> None:
         if param.device.type == "meta" or not torch.is_floating_point(param):
             return
-        # deterministic per shape, so two engines built from the same dir agree
-        g = torch.Generator().manual_seed(1234 + param.numel() % 997)
+        # vLLM initialises tensors in a fixed order: engines built from the same folder
+        # (in-process, spawned, `vllm serve`) get the same weights.
+        calls[0] += 1
+        g = torch.Generator().manual_seed(1234 + calls[0])
         if param.dim() >= 2:
-            bound = (3.0 / max(1, param[0].numel())) ** 0.5
+            bound = WEIGHT_GAIN * (3.0 / max(1, param[0].numel())) ** 0.5
             value = torch.empty(param.shape).uniform_(-bound, bound, generator=g)
         else:  # norms and biases near 1
             value = torch.empty(param.shape).uniform_(0.9, 1.1, generator=g)

@@ -1,0 +1,214 @@
+"""Shared test helpers: documents with known text, and the daemon as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+WORDS = ("invoice payment customer account balance report quarter revenue "
+         "shipment delivery warehouse contract signature address number total").split()
+
+
+def sentence_lines(seed: int, n: int = 8) -> list[str]:
+    """Deterministic lines of ordinary words, different per seed."""
+    out = []
+    for i in range(n):
+        words = [WORDS[(seed * 7 + i * 3 + k * 5) % len(WORDS)] for k in range(7)]
+        out.append(" ".join(words).capitalize() + f" {seed}{i}.")
+    return out
+
+
+def make_pdf(path: Path, pages: list[list[str]], encrypt: str | None = None) -> Path:
+    from reportlab.lib.pagesizes import A4
+    from reportlab.pdfgen import canvas
+
+    c = canvas.Canvas(str(path), pagesize=A4, encrypt=encrypt)
+    for lines in pages:
+        c.setFont("Helvetica", 13)
+        y = 780
+        for line in lines:
+            c.drawString(60, y, line)
+            y -= 22
+        c.showPage()
+    c.save()
+    return path
+
+
+def text_image(lines: list[str], size: tuple[int, int] = (1400, 700)) -> Any:
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    font = ImageFont.truetype("DejaVuSans.ttf", 30)
+    y = 40
+    for line in lines:
+        draw.text((40, y), line, fill="black", font=font)
+        y += 48
+    return img
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def recall(expected: list[str], got: str) -> float:
+    """Share of expected words found in the output (multiset)."""
+    want = words(" ".join(expected))
+    have: dict[str, int] = {}
+    for w in words(got):
+        have[w] = have.get(w, 0) + 1
+    hit = 0
+    for w in want:
+        if have.get(w, 0) > 0:
+            have[w] -= 1
+            hit += 1
+    return hit / max(1, len(want))
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """`ocrd run` as a real subprocess, with its JSON log captured to a file."""
+
+    def __init__(self, root: Path, inboxes: list[dict] | None = None,
+                 engine: dict | None = None, env: dict | None = None, **top: Any) -> None:
+        self.root = root
+        self.inbox = root / "inbox"
+        self.outbox = root / "outbox"
+        self.failed = root / "failed"
+        self.archive = root / "archive"
+        for d in (self.inbox,):
+            d.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.config = {
+            "state_dir": str(root / "state"),
+            "rescan_seconds": 5,
+            "poll_seconds": 0.5,
+            "engine": engine or {"kind": "tesseract"},
+            "metrics": {"listen": f"127.0.0.1:{self.port}"},
+            "log": {"level": "debug", "format": "json"},
+            "inboxes": inboxes or [{
+                "path": str(self.inbox), "outbox": str(self.outbox),
+                "failed": str(self.failed), "archive": str(self.archive),
+                "quiet_seconds": 1.0, "incomplete_seconds": 4.0,
+            }],
+            **top,
+        }
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = root / "daemon.log"
+        self.config_path = root / "config.yaml"
+        self._log_offset = 0
+
+    def write_config(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config))
+
+    def start(self, wait_ready: bool = True, timeout: float = 60) -> Daemon:
+        self.write_config()
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, **self.env}
+        env.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ocrd", "run", "-c", str(self.config_path)],
+            stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        logf.close()
+        if wait_ready:
+            wait_for(lambda: self.event("ready") or self._died(), timeout, "daemon ready")
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited early:\n{self.log_text()[-3000:]}")
+        return self
+
+    def _died(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self, name: str | None = None, since_start: bool = True) -> list[dict]:
+        text = self.log_text()
+        if since_start:
+            text = text.encode()[self._log_offset:].decode(errors="replace")
+        out = []
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if name is None or ev.get("event") == name:
+                    out.append(ev)
+        return out
+
+    def event(self, name: str) -> dict | None:
+        evs = self.events(name)
+        return evs[-1] if evs else None
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError("daemon did not stop within the timeout") from None
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.stop()
+        finally:
+            self.kill()
+
+
+def drop(src: Path, dest: Path) -> Path:
+    """Put a finished file into an inbox the way a careful writer does: write under a
+    temporary name, then rename."""
+    tmp = dest.with_name(dest.name + ".part")
+    tmp.write_bytes(src.read_bytes() if isinstance(src, Path) else src)
+    os.rename(tmp, dest)
+    return dest
+
+
+def files_under(root: Path) -> list[str]:
+    if not root.exists():
+        return []
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
