@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -146,12 +147,28 @@ class Daemon:
         else:
             log.info("stop_requested", signal=name)
             self.should_exit = True
+            # At once, not after the engine has loaded: systemd shows "deactivating".
+            self.notifier.send("STOPPING=1", "STATUS=stopping")
         self._stop.set()
         self._wake.set()
 
     def _on_reload_signal(self) -> None:
-        task = asyncio.create_task(self.reload(), name="reload")
+        # Only a running daemon reloads: before READY=1 there is nothing to reload yet,
+        # and a READY=1 after STOPPING=1 would tell systemd we are running again.
+        if not self.ready or self.should_exit:
+            log.warning("reload_ignored", why="stopping" if self.should_exit else "starting")
+            return
+        task = asyncio.create_task(self._reload_reporting(), name="reload")
         self._tasks.append(task)
+
+    async def _reload_reporting(self) -> None:
+        """reload(), and READY=1 even when it fails half-way: after RELOADING=1 systemd
+        shows the unit as reloading until READY=1 comes."""
+        try:
+            await self.reload()
+        except Exception as e:  # noqa: BLE001 - the daemon keeps running
+            log.exception("reload_failed", error=repr(e))
+            self.notifier.send("READY=1", "STATUS=reload failed; see the log")
 
     async def startup(self) -> None:
         cfg = self.cfg
@@ -188,6 +205,8 @@ class Daemon:
         for box in cfg.inboxes:
             self._add_inbox(box)
         await self._recover()
+        if self.should_exit:
+            return
         self.ready = True
         self.notifier.send("READY=1", "STATUS=ready; watching "
                            f"{len(self.inboxes)} inbox(es)")
@@ -355,7 +374,13 @@ class Daemon:
         self._wake.set()
 
     async def _intake(self) -> None:
+        stall_file = os.environ.get("OCRD_TEST_STALL_FILE")
         while not self.should_exit:
+            # TEST ONLY (tests/systemd): while this file exists the event loop is blocked
+            # on purpose, as a real hang would block it, so WATCHDOG=1 stops and systemd
+            # kills the daemon. Never set OCRD_TEST_STALL_FILE in production.
+            while stall_file and os.path.exists(stall_file):
+                time.sleep(0.2)
             now = time.monotonic()
             self._alive = now
             for state in list(self.inboxes.values()):
@@ -828,6 +853,9 @@ def _remove_empty(folder: Path, stop: Path) -> None:
 
 
 def run(config_path: Path) -> int:
+    # A watchdog timeout ends in SIGABRT: print every thread's stack first, so the
+    # journal shows where the daemon hung.
+    faulthandler.enable()
     cfg = load_config(config_path)
     daemon = Daemon(cfg, config_path)
 

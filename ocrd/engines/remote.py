@@ -1,0 +1,416 @@
+"""DeepSeek-OCR-2 on one or more `vllm serve` instances, through their OpenAI-compatible API.
+
+Pages go to the server with the fewest pages in flight, at most `concurrency_per_url` per
+server. Connection errors and 5xx answers are retried with exponential backoff on any
+server; when none answers, `ocr()` raises EngineUnavailable (the daemon re-queues the page
+and pauses intake) instead of failing the page. The HTTP client is a small HTTP/1.1 client
+on asyncio streams (no new dependency): cancelling `ocr()` closes the connection, which
+makes vLLM abort the request, something a blocking client in a thread cannot do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import ssl
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from PIL import Image
+
+from ocrd.config import ConfigError, EngineConfig
+from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
+from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.errors import EngineUnavailable
+
+log = structlog.get_logger(__name__)
+
+# A server that does not accept a connection within this time counts as down.
+CONNECT_TIMEOUT_SECONDS = 5.0
+# health() and start() probes of /models
+PROBE_TIMEOUT_SECONDS = 5.0
+# Backoff after a failed request: per try of one request (0.5, 1, 2, ... s) and per
+# server, for how long other requests avoid it (doubling per failure in a row, capped).
+BACKOFF_BASE_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 8.0
+# Tries of one request before EngineUnavailable: this many plus one per extra server.
+# With one server that is ~3.5 s of backoff (plus connect time), then the page goes back.
+MIN_TRIES = 4
+# Answers that say "this server, not this page": try again, elsewhere or later.
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Answers that say the configuration is wrong (API key, model name, URL): every page would
+# fail the same way, so they are not held against the page.
+CONFIG_STATUS = frozenset({401, 403, 404})
+
+
+class ServerUnreachable(Exception):
+    """No HTTP answer from a server: refused, reset, closed mid-answer, or not an HTTP reply."""
+
+
+class RemoteRequestError(RuntimeError):
+    """The server refused this page's request (HTTP 4xx other than auth/not found)."""
+
+
+@dataclass
+class HttpResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8"))
+
+    def error_text(self) -> str:
+        """vLLM's error message when there is one, else the start of the body."""
+        try:
+            data = self.json()
+            err = data.get("error", data) if isinstance(data, dict) else data
+            msg = err.get("message") if isinstance(err, dict) else None
+            return str(msg or data)[:300]
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            return self.body[:300].decode("utf-8", "replace")
+
+
+async def http_request(
+    url: str,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout: float = 60.0,
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    connections: set[asyncio.StreamWriter] | None = None,
+) -> HttpResponse:
+    """One HTTP/1.1 exchange on a fresh connection (closed afterwards, also on cancel).
+
+    Raises ServerUnreachable when there is no complete answer and TimeoutError when the
+    answer takes longer than `timeout`. A connection per request costs a millisecond
+    against seconds of OCR per page, and makes failures independent of each other. The
+    open connection is kept in `connections` meanwhile, so that its owner can cut it.
+    """
+    parts = urllib.parse.urlsplit(url)
+    https = parts.scheme == "https"
+    host = parts.hostname or "localhost"
+    port = parts.port or (443 if https else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl.create_default_context() if https
+                                    else None, limit=2**20),
+            connect_timeout)
+    except (OSError, TimeoutError) as e:
+        raise ServerUnreachable(f"cannot connect: {_describe_error(e)}") from e
+    if connections is not None:
+        connections.add(writer)
+    try:
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}",
+                 "User-Agent: ocrd", "Accept: application/json", "Connection: close"]
+        for key, value in (headers or {}).items():
+            lines.append(f"{key}: {value}")
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+        async with asyncio.timeout(timeout):
+            await writer.drain()
+            return await _read_response(reader)
+    except TimeoutError:
+        raise  # the answer is late, not missing (TimeoutError is an OSError)
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        raise ServerUnreachable(f"no complete answer: {_describe_error(e)}") from e
+    finally:
+        if connections is not None:
+            connections.discard(writer)
+        writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+async def _read_response(reader: asyncio.StreamReader) -> HttpResponse:
+    status_line = (await reader.readline()).decode("latin-1")
+    if not status_line:
+        raise ValueError("connection closed before the answer")
+    version, _, rest = status_line.partition(" ")
+    if not version.startswith("HTTP/"):
+        raise ValueError(f"not an HTTP answer: {status_line[:60]!r}")
+    status = int(rest.split(" ", 1)[0])
+    headers: dict[str, str] = {}
+    while (line := (await reader.readline()).decode("latin-1").strip()):
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        chunks = []
+        while (size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16)):
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        while (await reader.readline()).strip():  # trailers
+            pass
+        body = b"".join(chunks)
+    elif "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    else:
+        body = await reader.read()
+    return HttpResponse(status, headers, body)
+
+
+def _describe_error(e: BaseException) -> str:
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, TimeoutError):
+        return "timed out"
+    if isinstance(e, asyncio.IncompleteReadError):
+        return "connection closed mid-answer"
+    return str(e) or type(e).__name__
+
+
+def image_data_url(image: Image.Image) -> str:
+    """The page as a PNG data URL: lossless, so the server sees the pixels a local engine
+    would (compression level 1: fast, and size hardly matters next to OCR time)."""
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def chat_text(prompt: str) -> str:
+    """The prompt without its `<image>` placeholder.
+
+    vLLM's chat path puts one `<image>\\n` before the text of a message whose text has no
+    placeholder, and DeepSeek-OCR(-2)'s fallback chat template adds nothing but the BOS
+    token, so the model sees exactly the recipe's plain prompt.
+    """
+    return prompt.removeprefix("<image>").removeprefix("\n")
+
+
+@dataclass
+class _Server:
+    """One `vllm serve` instance and what this engine knows about it."""
+
+    url: str  # base URL, e.g. http://gpu1:8000/v1
+    limit: int
+    in_flight: int = 0
+    failures: int = 0  # in a row
+    down_until: float = 0.0  # time.monotonic(); avoided until then
+    last_error: str | None = None
+    pages: int = 0
+    models: list[str] = field(default_factory=list)
+
+    def is_down(self, now: float) -> bool:
+        return self.failures > 0 and now < self.down_until
+
+    def failed(self, reason: str) -> None:
+        self.failures += 1
+        self.last_error = reason
+        backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (self.failures - 1))
+        self.down_until = time.monotonic() + backoff
+
+    def answered(self) -> None:
+        self.failures = 0
+        self.last_error = None
+
+
+class RemoteEngine(Engine):
+    """Pages sent to OpenAI-compatible `vllm serve` servers running DeepSeek-OCR-2."""
+
+    kind = "remote"
+    output_format = "grounding"
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        if not cfg.urls:
+            raise ConfigError("engine.urls is empty: the remote engine needs a server URL")
+        self.cfg = cfg
+        self.model = cfg.model
+        self.servers = [_Server(u.rstrip("/"), cfg.concurrency_per_url) for u in cfg.urls]
+        self.max_concurrency = cfg.concurrency_per_url * len(self.servers)
+        # set whenever a slot frees up; waiters re-check (asyncio: no lost wake-ups
+        # between the check and the wait, as nothing awaits in between)
+        self._slot_freed = asyncio.Event()
+        self._turn = 0  # rotates the choice among equally busy servers
+        self._closing = False
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Probe the servers. Unreachable servers are not an error here (pages wait for
+        them); a server that answers without serving `model` is a configuration error."""
+        await self._probe_all()
+        answering = [s for s in self.servers if s.failures == 0]
+        if answering and not any(self.model in s.models for s in answering):
+            served = sorted({m for s in answering for m in s.models})
+            raise ConfigError(f"engine.model = {self.model!r}: not served by "
+                              f"{', '.join(s.url for s in answering)} (they serve {served}); "
+                              "use the server's --served-model-name")
+        for s in self.servers:
+            log.info("remote_server", url=s.url, up=s.failures == 0, models=s.models,
+                     error=s.last_error)
+
+    async def health(self) -> bool:
+        if self._closing:
+            return False
+        await self._probe_all()
+        return any(s.failures == 0 for s in self.servers)
+
+    async def close(self) -> None:
+        """Stop taking pages and cut the connections in flight: the servers abort those
+        requests, and their `ocr()` calls raise EngineUnavailable (the pages stay queued)."""
+        self._closing = True
+        for writer in list(self._connections):
+            writer.close()
+        self._slot_freed.set()
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info["urls"] = [s.url for s in self.servers]
+        return info
+
+    def in_flight(self) -> dict[str, int]:
+        """Pages in flight per server URL."""
+        return {s.url: s.in_flight for s in self.servers}
+
+    async def _probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(s) for s in self.servers))
+
+    async def _probe(self, server: _Server) -> None:
+        try:
+            resp = await http_request(server.url + "/models", headers=self._headers(),
+                                      timeout=PROBE_TIMEOUT_SECONDS,
+                                      connect_timeout=PROBE_TIMEOUT_SECONDS)
+        except (ServerUnreachable, TimeoutError) as e:
+            server.failed(str(e) or "timed out")
+            return
+        if resp.status != 200:
+            server.failed(f"HTTP {resp.status}: {resp.error_text()}")
+            return
+        try:
+            server.models = [m["id"] for m in resp.json().get("data", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            server.models = []
+        server.answered()
+
+    # ---- pages ----------------------------------------------------------------------
+
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        if self._closing:
+            raise EngineUnavailable("the remote engine is shutting down")
+        # PNG encoding takes tens of milliseconds per page: off the event loop.
+        url = await asyncio.to_thread(image_data_url, page.image)
+        return await convert_with_retries(lambda s: self._attempt(page, url, s), self.cfg)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.cfg.api_key:
+            headers["Authorization"] = f"Bearer {self.cfg.api_key}"
+        return headers
+
+    def _payload(self, page: PageRequest, image_url: str,
+                 settings: AttemptSettings) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": image_url}},
+                {"type": "text", "text": chat_text(page.prompt)},
+            ]}],
+            "temperature": 0.0,
+            "max_tokens": self.cfg.max_tokens,
+            # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
+            "skip_special_tokens": False,
+            # per-request arguments of the server's NGramPerReqLogitsProcessor
+            "vllm_xargs": settings.extra_args(),
+        }
+        rep = settings.repetition_params()
+        if rep is not None:
+            # vLLM >= 0.19 stops a looping request early; older servers ignore the field.
+            payload["repetition_detection"] = rep
+        return payload
+
+    async def _attempt(self, page: PageRequest, image_url: str,
+                       settings: AttemptSettings) -> Attempt:
+        body = json.dumps(self._payload(page, image_url, settings)).encode("utf-8")
+        resp, server = await self._post("/chat/completions", body)
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+            text = (choice.get("message") or {}).get("content") or ""
+            reason = choice.get("finish_reason") or "stop"
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise RemoteRequestError(f"{server.url}: unexpected answer: {e!r}") from e
+        return Attempt(text=text, finish_reason=reason,
+                       tokens=usage.get("completion_tokens"),
+                       prompt_tokens=usage.get("prompt_tokens"),
+                       extra={"engine": self.kind, "server": server.url})
+
+    async def _post(self, path: str, body: bytes) -> tuple[HttpResponse, _Server]:
+        """POST to the least busy server; retry elsewhere/later on server trouble."""
+        errors: list[str] = []
+        tries = MIN_TRIES + len(self.servers) - 1
+        for n in range(tries):
+            if self._closing:
+                raise EngineUnavailable("the remote engine is shutting down")
+            server = await self._acquire()
+            try:
+                resp = await http_request(server.url + path, "POST", body, self._headers(),
+                                          timeout=self.cfg.request_timeout_seconds,
+                                          connections=self._connections)
+            except ServerUnreachable as e:
+                if self._closing:
+                    raise EngineUnavailable("the remote engine is shutting down") from None
+                problem = f"{server.url}: {e}"
+                server.failed(problem)
+            except TimeoutError:
+                server.answered()  # it accepted the page; the page is what takes so long
+                raise RemoteRequestError(
+                    f"{server.url}: no answer within engine.request_timeout_seconds = "
+                    f"{self.cfg.request_timeout_seconds:g}") from None
+            else:
+                if resp.status == 200:
+                    server.answered()
+                    server.pages += 1
+                    return resp, server
+                problem = f"{server.url}: HTTP {resp.status}: {resp.error_text()}"
+                if resp.status in CONFIG_STATUS:
+                    server.failed(problem)
+                    raise EngineUnavailable(
+                        f"{problem} (check engine.model, engine.urls and engine.api_key)")
+                if resp.status not in RETRY_STATUS:
+                    server.answered()
+                    raise RemoteRequestError(problem)
+                server.failed(problem)
+            finally:
+                # synchronous, so that a cancelled request still gives its slot back
+                server.in_flight -= 1
+                self._slot_freed.set()
+            errors.append(problem)
+            log.warning("remote_request_failed", url=server.url, error=problem, attempt=n + 1)
+            if n + 1 < tries and not self._any_up():
+                await asyncio.sleep(min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** n))
+        raise EngineUnavailable("no OCR server took the page after "
+                                f"{tries} tries: " + "; ".join(errors[-len(self.servers):]))
+
+    def _any_up(self) -> bool:
+        now = time.monotonic()
+        return any(not s.is_down(now) for s in self.servers)
+
+    async def _acquire(self) -> _Server:
+        """A slot on the least busy server that is up (or on any server, when all are
+        down: a try that fails fast beats waiting blind). Waits while all are full."""
+        while True:
+            if self._closing:
+                raise EngineUnavailable("the remote engine is shutting down")
+            now = time.monotonic()
+            up = [s for s in self.servers if not s.is_down(now)] or self.servers
+            free = [s for s in up if s.in_flight < s.limit]
+            if free:
+                n = len(self.servers)
+                server = min(free, key=lambda s: (
+                    s.in_flight, (self.servers.index(s) - self._turn) % n))
+                self._turn = (self._turn + 1) % n
+                server.in_flight += 1
+                return server
+            self._slot_freed.clear()
+            await self._slot_freed.wait()

@@ -1,0 +1,102 @@
+"""Config: every key documented in config.example.yaml, errors that name key and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from ocrd.config import Config, ConfigError, InboxConfig, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    out = set()
+    for name, field in model.model_fields.items():
+        out.add(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= _keys(ann, prefix + name + ".")
+    return out
+
+
+def _yaml_keys(data: object, prefix: str = "") -> set[str]:
+    out = set()
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.add(prefix + k)
+            if isinstance(v, dict) and k != "engine_args":
+                out |= _yaml_keys(v, prefix + k + ".")
+            if k == "inboxes" and isinstance(v, list):
+                for item in v:
+                    out |= _yaml_keys(item, "inboxes[].")
+    return out
+
+
+def test_example_config_is_valid_and_documents_every_key() -> None:
+    data = yaml.safe_load((ROOT / "config.example.yaml").read_text())
+    parse_config(data, ROOT)
+    documented = _yaml_keys(data)
+    expected = _keys(Config) - {"inboxes"} | {"inboxes"} | {
+        "inboxes[]." + k for k in _keys(InboxConfig)}
+    missing = expected - documented
+    assert not missing, f"config.example.yaml lacks: {sorted(missing)}"
+
+
+def _base(tmp_path: Path, **inbox: object) -> dict:
+    box = {"path": str(tmp_path / "in"), "outbox": str(tmp_path / "out"),
+           "failed": str(tmp_path / "failed"), "on_success": "delete", **inbox}
+    return {"state_dir": str(tmp_path / "s"), "inboxes": [box]}
+
+
+def test_unknown_key_is_named_with_its_value(tmp_path: Path) -> None:
+    data = _base(tmp_path, recursve=True)
+    with pytest.raises(ConfigError, match=r"unknown key 'inboxes\.0\.recursve' \(value True\)"):
+        parse_config(data, tmp_path)
+
+
+def test_bad_value_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"inboxes\.0\.file_mode = '0999'"):
+        parse_config(_base(tmp_path, file_mode="0999"), tmp_path)
+    with pytest.raises(ConfigError, match="no 'archive' folder"):
+        parse_config(_base(tmp_path, on_success="archive"), tmp_path)
+
+
+def test_output_inside_inbox_is_refused(tmp_path: Path) -> None:
+    data = _base(tmp_path)
+    data["inboxes"][0]["outbox"] = str(tmp_path / "in")
+    with pytest.raises(ConfigError, match="inside its inbox"):
+        parse_config(data, tmp_path)
+    data = _base(tmp_path, recursive=True)
+    data["inboxes"][0]["failed"] = str(tmp_path / "in" / "failed")
+    with pytest.raises(ConfigError, match="outputs would be read back"):
+        parse_config(data, tmp_path)
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "etc" / "c.yaml"
+    cfg_file.parent.mkdir()
+    cfg_file.write_text("state_dir: st\ninboxes:\n - {path: in, outbox: out, failed: f, "
+                        "on_success: keep}\n")
+    cfg = load_config(cfg_file)
+    assert cfg.state_dir == tmp_path / "etc" / "st"
+    assert cfg.inboxes[0].path == tmp_path / "etc" / "in"
+
+
+def test_remote_needs_urls(tmp_path: Path) -> None:
+    data = _base(tmp_path)
+    data["engine"] = {"kind": "remote"}
+    with pytest.raises(ConfigError, match="urls"):
+        parse_config(data, tmp_path)
+
+
+def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("state_dir: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
