@@ -232,16 +232,19 @@ class Reservations:
         self._lock = threading.Lock()
         self._taken: set[Path] = set()
 
-    def choose(self, directory: Path, stem: str, sha256: str, source: str) -> Path:
+    def choose(self, directory: Path, stem: str, sha256: str, source: str,
+               same_path_replaces: bool = False) -> Path:
         """The output base path (without suffix) for a document: the plain name unless
         another document's results hold it, then stem-2, stem-3, ... Results of the same
-        document (same content and source) are replaced, not duplicated."""
+        document (same content and source path) are replaced, not duplicated. With
+        `same_path_replaces` (on_success: keep, where a file is edited in place), the
+        results of an earlier version of the same source path are replaced too."""
         with self._lock:
             for candidate in unique_names(directory, stem, ""):
                 base = directory / candidate
                 if base in self._taken:
                     continue
-                if _free_or_same(base, sha256, source):
+                if _free_or_same(base, None if same_path_replaces else sha256, source):
                     self._taken.add(base)
                     return base
         raise AssertionError("unreachable")
@@ -251,7 +254,7 @@ class Reservations:
             self._taken.discard(base)
 
 
-def _free_or_same(base: Path, sha256: str, source: str) -> bool:
+def _free_or_same(base: Path, sha256: str | None, source: str) -> bool:
     md, sidecar, assets = (base.with_name(base.name + s) for s in (".md", ".json", ".assets"))
     if not (md.exists() or sidecar.exists() or assets.exists()):
         return True
@@ -259,8 +262,8 @@ def _free_or_same(base: Path, sha256: str, source: str) -> bool:
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return meta.get("source", {}).get("sha256") == sha256 and \
-        meta.get("source", {}).get("path") == source
+    src = meta.get("source", {})
+    return src.get("path") == source and (sha256 is None or src.get("sha256") == sha256)
 
 
 def sweep_temporaries(root: Path, tag: str) -> int:

@@ -41,6 +41,8 @@ class Source:
     info: pages.DocInfo | None = None
     sha256: str | None = None
     order: tuple = ()  # scheduler order key (batch, cost, seq)
+    # a new version of this source path replaces the results of the old one (keep mode)
+    same_path_replaces: bool = False
 
 
 @dataclass
@@ -123,7 +125,8 @@ class Converter:
         stem = PurePosixPath(src.name).name
         stem = stem.rpartition(".")[0] or stem
         await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
-        base = self.reservations.choose(out_dir, stem, src.sha256, src.name)
+        base = self.reservations.choose(out_dir, stem, src.sha256, src.name,
+                                        src.same_path_replaces)
         staging = Staging(base, perms)
         try:
             results = await self._pages(src, info, staging, base.name + ".assets", blog)

@@ -562,9 +562,8 @@ class Daemon:
         self.metrics.claims.inc()
         log.info("file_claimed", file=entry.relpath, inbox=inbox, size=entry.size,
                  pages=info.pages if info else None)
-        src = Source(claim, entry.relpath, inbox=inbox, prompt_mode=state.cfg.prompt,
-                     custom_prompt=state.cfg.custom_prompt, info=info)
-        item = Item(job_id, state, src, entry.relpath)
+        item = _item(job_id, state, claim, entry.relpath)
+        item.source.info = info
         if error is not None:
             await self._fail(item, error)
             return
@@ -733,9 +732,8 @@ class Daemon:
                 else:
                     self.journal.drop(job.id)
                     continue
-            src = Source(claim, job.relpath, inbox=job.inbox, prompt_mode=state.cfg.prompt,
-                         custom_prompt=state.cfg.custom_prompt, claimed_at=job.created)
-            item = Item(job.id, state, src, job.relpath)
+            item = _item(job.id, state, claim, job.relpath, claimed_at=job.created)
+            src = item.source
             if job.state == "finishing":
                 kept = await asyncio.to_thread(self._dispose_original, state, item) \
                     if exists else None
@@ -765,12 +763,9 @@ class Daemon:
                                                   st.st_size, st.st_mtime_ns)
                 self.journal.claimed(job_id)
                 log.warning("orphan_adopted", file=relpath, claim=str(path))
-                src = Source(path, relpath, inbox=str(state.cfg.path),
-                             prompt_mode=state.cfg.prompt,
-                             custom_prompt=state.cfg.custom_prompt)
-                item = Item(job_id, state, src, relpath)
+                item = _item(job_id, state, path, relpath)
                 try:
-                    src.info = await self.converter.probe(path)
+                    item.source.info = await self.converter.probe(path)
                 except errors.OcrdError as e:
                     await self._fail(item, e)
                     continue
@@ -814,6 +809,15 @@ class Daemon:
 
 
 _NOJOB = Job(0, "", "", "", 0, 0, "", 0)
+
+
+def _item(job_id: int, state: InboxState, claim: Path, relpath: str, **kw: float) -> Item:
+    """A claimed file of an inbox, with that inbox's prompt and naming settings."""
+    box = state.cfg
+    src = Source(claim, relpath, inbox=str(box.path), prompt_mode=box.prompt,
+                 custom_prompt=box.custom_prompt, same_path_replaces=box.on_success == "keep",
+                 **kw)
+    return Item(job_id, state, src, relpath)
 
 
 def _write_error(dest: Path, err: errors.OcrdError, source: str, perms: outbox.Perms,

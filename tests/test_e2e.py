@@ -282,3 +282,51 @@ def test_convert_exit_codes(tmp_path: Path) -> None:
     assert r.returncode == 1
     # the same document again replaces its own result instead of making good-2.md
     assert sorted(p.name for p in out.iterdir()) == ["good.json", "good.md"]
+
+
+def test_subfolders_mirrored_keep_delete_modes_and_non_regular_entries(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    a = make_pdf(src / "a.pdf", [sentence_lines(40, 3)])
+    b = make_pdf(src / "b.pdf", [sentence_lines(41, 3)])
+    root = tmp_path / "d"
+    keep_in, del_in = root / "keep-in", root / "del-in"
+    keep_in.mkdir(parents=True)
+    del_in.mkdir(parents=True)
+    outside = tmp_path / "outside.pdf"
+    outside.write_bytes(a.read_bytes())
+    inboxes = [
+        {"path": str(keep_in), "outbox": str(root / "out-keep"), "failed": str(root / "f"),
+         "on_success": "keep", "recursive": True, "quiet_seconds": 0.5,
+         "file_mode": "0640", "dir_mode": "0750"},
+        {"path": str(del_in), "outbox": str(root / "out-del"), "failed": str(root / "f2"),
+         "on_success": "delete", "quiet_seconds": 0.5},
+    ]
+    with Daemon(root, inboxes=inboxes) as d:
+        d.start()
+        (keep_in / "2024" / "March").mkdir(parents=True)
+        drop(a, keep_in / "2024" / "March" / "a.pdf")
+        drop(b, del_in / "b.pdf")
+        (keep_in / "link.pdf").symlink_to(outside)
+        os.mkfifo(keep_in / "pipe.pdf")
+        out_a = root / "out-keep" / "2024" / "March" / "a.md"
+        wait_for(out_a.exists, 60, "mirrored a.md")
+        wait_for((root / "out-del" / "b.md").exists, 60, "b.md")
+        wait_for(lambda: (root / "f" / "pipe.pdf.error.json").exists(), 30, "fifo rejected")
+        wait_for(lambda: (root / "f" / "link.pdf.error.json").exists(), 30, "link rejected")
+        # kept originals stay where they were and are not converted again on rescans
+        time.sleep(6)  # > rescan_seconds
+        assert (keep_in / "2024" / "March" / "a.pdf").read_bytes() == a.read_bytes()
+        assert [e["file"] for e in d.events("file_claimed")].count("2024/March/a.pdf") == 1
+        # ... unless they change
+        drop(b, keep_in / "2024" / "March" / "a.pdf")
+        wait_for(lambda: len([e for e in d.events("file_claimed")
+                              if e["file"] == "2024/March/a.pdf"]) == 2, 30, "re-conversion")
+    assert not (del_in / "b.pdf").exists()
+    assert oct(out_a.stat().st_mode & 0o777) == "0o640"
+    assert oct(out_a.parent.stat().st_mode & 0o777) == "0o750"
+    assert outside.read_bytes() == a.read_bytes()  # the link target was never touched
+    assert (root / "f" / "link.pdf").is_symlink()
+    err = json.loads((root / "f" / "link.pdf.error.json").read_text())
+    assert err["reason"] == "not_a_regular_file"
+    assert files_under(root / "out-keep") == ["2024/March/a.json", "2024/March/a.md"]

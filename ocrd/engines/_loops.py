@@ -102,8 +102,8 @@ def loop_start(text: str) -> int | None:
     """Where the repeated copies of a looping tail begin, or None if the tail does not loop.
 
     Keeping `text[:loop_start(text)]` keeps everything up to and including the first copy
-    of the repeated block. Among candidate periods the one covering the longest tail wins
-    (ties: the shortest period).
+    of the repeated block (up to the end of its line). Among candidate periods the one
+    covering the longest tail wins (ties: the shortest period).
     """
     n = len(text)
     best_len, best_cut = 0, None
@@ -122,6 +122,13 @@ def loop_start(text: str) -> int | None:
         tail = lo
         if tail >= MIN_LOOP_COPIES * p and tail - p >= MIN_LOOP_CHARS and tail > best_len:
             best_len, best_cut = tail, n - tail + p
+    if best_cut is not None:
+        # The repeated block may start mid-line ("\n| a |" for "| a |\n"): end the kept
+        # text at the next line break inside the second copy, if it has one.
+        p = best_len - (n - best_cut)
+        newline = text.find("\n", best_cut, best_cut + p)
+        if newline >= 0:
+            best_cut = newline + 1
     return best_cut
 
 
