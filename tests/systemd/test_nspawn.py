@@ -1,0 +1,290 @@
+"""ocrd under a real systemd: the container boots this machine's own /usr with
+`systemd-nspawn --volatile=yes` (a throwaway root, nothing persists) into runner.service,
+which drives the project's unit with systemctl (tests/systemd/runner.py) and writes what
+it saw to a folder bound from here. The unit, sysusers and tmpfiles files are the ones in
+systemd/, unchanged; this checkout's ocrd is presented at /opt/ocrd, where the unit
+expects it. One drop-in shortens WatchdogSec from 60 s to 8 s so the watchdog step takes
+seconds, not minutes.
+
+Shown: `systemctl start` returns only once ocrd sent READY=1; a dropped file converts;
+`systemctl reload` brings up a new inbox; a blocked main loop is killed by the watchdog
+and restarted; `systemctl stop` lets the file in flight finish and ends with
+Result=success; the journal has ocrd's events as fields (EVENT=, OCRD_FILE=, …).
+
+Needs root and systemd-nspawn (apt-get install systemd-container). Without them the
+tests skip, or fail when OCRD_REQUIRE_SYSTEMD=1 (CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.systemd, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+UNITS = REPO / "systemd"
+BOOT_TIMEOUT = 420  # the whole container run; runner.service's own limit is 360 s
+# Where ProtectHome=yes leaves nothing: an interpreter there cannot run the service.
+HIDDEN = ("/root/", "/home/", "/run/user/")
+
+WATCHDOG_DROPIN = """\
+[Service]
+# Test only: the watchdog step waits seconds, not a minute.
+WatchdogSec=8s
+"""
+
+RUNNER_UNIT = """\
+[Unit]
+Description=ocrd systemd test runner
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Service]
+Type=oneshot
+ExecStart=/opt/ocrd/bin/python /ocrd-test/runner.py
+TimeoutStartSec=360
+StandardOutput=journal+console
+StandardError=journal+console
+"""
+
+
+def inbox(n: str = "") -> dict[str, Any]:
+    return {"path": f"/srv/scans/inbox{n}", "outbox": f"/srv/scans/markdown{n}",
+            "failed": f"/srv/scans/failed{n}", "archive": f"/srv/scans/archive{n}",
+            "quiet_seconds": 0.5, "file_mode": "0660", "dir_mode": "2770"}
+
+
+def config(*inboxes: dict[str, Any]) -> str:
+    return yaml.safe_dump({
+        "state_dir": "/var/lib/ocrd",
+        "engine": {"kind": "tesseract"},
+        "render": {"workers": 1},
+        "metrics": {"listen": "127.0.0.1:0"},
+        # debug: page_done events tell the runner a file is mid-conversion
+        "log": {"level": "debug"},
+        "inboxes": list(inboxes),
+    })
+
+
+def service_python() -> tuple[str, list[str]] | str:
+    """(interpreter for /opt/ocrd, extra folders to bind) or why there is none. The
+    venv's own interpreter if the service can see it, else the system's python of the
+    same version (the venv's packages are built for that ABI)."""
+    real = os.path.realpath(sys.executable)
+    if not real.startswith(HIDDEN):
+        base = os.path.realpath(sys.base_prefix)
+        return real, ([] if base.startswith("/usr") else [base])
+    system = f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"
+    if os.path.exists(system):
+        return system, []
+    return (f"the venv's python ({real}) is under a folder ProtectHome=yes hides, and "
+            f"there is no {system} to use instead")
+
+
+def make_opt_ocrd(root: Path, python: str) -> None:
+    """A virtual environment at /opt/ocrd (the unit's ExecStart) that runs this
+    checkout: its interpreter, and a .pth that adds the checkout's site-packages (and so
+    its editable install of ocrd)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    (root / "bin").mkdir(parents=True)
+    lib = root / "lib" / f"python{version}" / "site-packages"
+    lib.mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text(f"home = {os.path.dirname(python)}\n"
+                                     "include-system-site-packages = false\n"
+                                     f"version = {version}\n")
+    (root / "bin" / "python").symlink_to(python)
+    (root / "bin" / "python3").symlink_to("python")
+    (lib / "ocrd-checkout.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    # The venv's own console script (pip's: main() under `if __name__ == "__main__"`,
+    # which multiprocessing's spawn relies on), with the interpreter line changed.
+    script = (Path(sys.executable).parent / "ocrd").read_text().split("\n", 1)[1]
+    ocrd = root / "bin" / "ocrd"
+    ocrd.write_text("#!/opt/ocrd/bin/python\n" + script)
+    ocrd.chmod(0o755)
+
+
+def make_documents(folder: Path) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    try:
+        from helpers import make_pdf, sentence_lines
+    finally:
+        sys.path.remove(str(HERE.parent))
+    folder.mkdir()
+    make_pdf(folder / "one.pdf", [sentence_lines(1)])
+    make_pdf(folder / "two.pdf", [sentence_lines(2)])
+    # Enough pages that stopping after the first leaves work in flight.
+    make_pdf(folder / "big.pdf", [sentence_lines(10 + i, 30) for i in range(12)])
+
+
+def unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "systemd-nspawn needs root"
+    if shutil.which("systemd-nspawn") is None:
+        return "systemd-nspawn is not installed (apt-get install systemd-container)"
+    if not os.path.exists("/usr/lib/systemd/systemd"):
+        return "systemd is not installed"
+    python = service_python()
+    return python if isinstance(python, str) else None
+
+
+def cannot_run(why: str) -> None:
+    if os.environ.get("OCRD_REQUIRE_SYSTEMD") == "1":
+        pytest.fail(f"OCRD_REQUIRE_SYSTEMD=1 but a real systemd cannot run here: {why}")
+    pytest.skip(why)
+
+
+@dataclass
+class Run:
+    out: Path
+    results: dict[str, Any]
+    journal: list[dict[str, Any]]
+    console: str
+
+    def step(self, name: str) -> dict[str, Any]:
+        if name not in self.results:
+            pytest.fail(f"the runner did not get to step {name!r}: "
+                        f"{self.results.get('error')}\n{self.results.get('traceback', '')}\n"
+                        f"console (tail):\n{self.console[-3000:]}")
+        return self.results[name]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    why = unavailable()
+    if why:
+        cannot_run(why)
+    python, binds = service_python()  # type: ignore[misc]
+    work = tmp_path_factory.mktemp("nspawn")
+    out = work / "out"
+    out.mkdir()
+    test = work / "ocrd-test"
+    test.mkdir()
+    shutil.copy(HERE / "runner.py", test / "runner.py")
+    (test / "config.yaml").write_text(config(inbox()))
+    (test / "config2.yaml").write_text(config(inbox(), inbox("2")))
+    make_documents(test / "files")
+    make_opt_ocrd(work / "opt-ocrd", python)
+    dropin = work / "ocrd.service.d"
+    dropin.mkdir()
+    (dropin / "test-watchdog.conf").write_text(WATCHDOG_DROPIN)
+    (work / "runner.service").write_text(RUNNER_UNIT)
+    venv = os.path.realpath(sys.prefix)
+    ro = [str(REPO), *([venv] if not venv.startswith(str(REPO) + "/") else []), *binds]
+    etc = "/etc/systemd/system"
+    cmd = ["systemd-nspawn", "--quiet", "--directory=/", "--volatile=yes", "--register=no",
+           "--keep-unit", f"--machine=ocrd-test-{uuid.uuid4().hex[:8]}",
+           *(f"--bind-ro={p}" for p in ro),
+           f"--bind-ro={work / 'opt-ocrd'}:/opt/ocrd",
+           f"--bind-ro={test}:/ocrd-test",
+           f"--bind-ro={UNITS / 'ocrd.service'}:{etc}/ocrd.service",
+           f"--bind-ro={dropin}:{etc}/ocrd.service.d",
+           f"--bind-ro={work / 'runner.service'}:{etc}/runner.service",
+           f"--bind-ro={UNITS / 'ocrd.sysusers'}:/etc/sysusers.d/ocrd.conf",
+           f"--bind-ro={UNITS / 'ocrd.tmpfiles'}:/etc/tmpfiles.d/ocrd.conf",
+           f"--bind={out}:/out",
+           "--boot", "--console=pipe", "--", "systemd.unit=runner.service"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace")
+    try:
+        console, _ = proc.communicate(timeout=BOOT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # SIGTERM makes systemd-nspawn power the container off; SIGKILL if even that hangs.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            console, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            console, _ = proc.communicate()
+        console += f"\n[test] the container ran past {BOOT_TIMEOUT} s and was stopped"
+    (work / "console.log").write_text(console)
+    if not (out / "started").exists():
+        cannot_run(f"the container did not boot (exit {proc.returncode}):\n{console[-3000:]}")
+    results = json.loads((out / "results.json").read_text()) \
+        if (out / "results.json").exists() else {"error": "no results.json"}
+    journal = [json.loads(line) for line in (out / "journal.json").read_text().splitlines()
+               if line.startswith("{")] if (out / "journal.json").exists() else []
+    print(json.dumps(results, indent=2))
+    return Run(out, results, journal, console)
+
+
+def test_start_returns_only_after_ready(run: Run) -> None:
+    r = run.step("start")
+    assert r["rc"] == 0 and r["state"] == "active" and r["sub"] == "running", r
+    # Type=notify: systemd held the unit in "activating" until READY=1, which ocrd sends
+    # after the engine started and the inboxes were added (both logged before it).
+    assert r["main_start_us"] < r["engine_started_us"] <= r["active_enter_us"], r
+    assert r["inbox_added_us"] <= r["active_enter_us"] <= r["returned_us"], r
+    assert r["status"].startswith("ready") or "queue" in r["status"], r
+
+
+def test_dropped_file_converts_with_the_share_permissions(run: Run) -> None:
+    r = run.step("convert")
+    assert "<!-- page 1 -->" in (run.out / "one.md").read_text()
+    assert r["archived"], r
+    # UMask=0007 + the setgid folder from ocrd.tmpfiles + file_mode 0660
+    assert (r["owner"], r["group"], r["mode"]) == ("ocrd", "scans", "0o660"), r
+
+
+def test_reload_adds_an_inbox_without_restarting(run: Run) -> None:
+    r = run.step("reload")
+    assert r["rc"] == 0 and r["same_pid"] and r["inbox2_added"], r
+    assert "<!-- page 1 -->" in (run.out / "two.md").read_text()
+
+
+def test_stalled_main_loop_is_killed_by_the_watchdog_and_restarted(run: Run) -> None:
+    r = run.step("watchdog")
+    assert r["nrestarts"] >= r["nrestarts_before"] + 1, r
+    assert "Watchdog timeout" in r["timeout_message"], r
+    # WatchdogSec=8s: pings stop at the stall, the timeout follows within ~8 s.
+    assert r["stall_to_timeout_s"] <= 8 + 4, r
+    assert r["sigabrt"] and r["result_watchdog"], r
+    # faulthandler printed where the loop was stuck.
+    assert r["stack_shows_intake"], r
+
+
+def test_stop_lets_the_file_in_flight_finish_and_exits_cleanly(run: Run) -> None:
+    r = run.step("stop")
+    assert r["rc"] == 0 and r["state"] == "inactive", r
+    assert r["result"] == "success" and r["exec_main_status"] == "0", r
+    assert r["converted_after_stop_request"], r
+    assert r["pages_done_before_stop"] < 12 and r["pages_in_markdown"] == 12, r
+
+
+def test_journal_has_ocrd_events_as_fields(run: Run) -> None:
+    converted = [e for e in run.journal if e.get("EVENT") == "file_converted"]
+    assert {e.get("OCRD_FILE") for e in converted} >= {"one.pdf", "two.pdf", "big.pdf"}
+    one = next(e for e in converted if e.get("OCRD_FILE") == "one.pdf")
+    assert one["SYSLOG_IDENTIFIER"] == "ocrd" and one["PRIORITY"] == "6"
+    assert one["OCRD_PAGES"] == "1" and float(one["OCRD_SECONDS"]) > 0
+    assert one["MESSAGE"].startswith("file_converted file=one.pdf")
+    assert any(e.get("EVENT") == "page_done" and e.get("OCRD_PAGE") for e in run.journal)
+    # Library records (stdlib logging: asyncio here, vLLM on a GPU) arrive as entries of
+    # their own, with the logger's name and without EVENT=.
+    ours = [e for e in run.journal if e.get("SYSLOG_IDENTIFIER") == "ocrd"
+            and e.get("_TRANSPORT") == "journal"]
+    assert any(e.get("OCRD_LOGGER") == "asyncio" and "EVENT" not in e for e in ours)
+    # Nothing of ocrd's own went the stderr way (no "<6>{...}" lines, no JSON lines).
+    stream = [e for e in run.journal if e.get("SYSLOG_IDENTIFIER") == "ocrd"
+              and e.get("_TRANSPORT") == "stdout"]
+    assert not any(str(e.get("MESSAGE", "")).lstrip().startswith("{") for e in stream), \
+        stream[:3]
+
+
+def test_large_and_multiline_values_reach_journald(run: Run) -> None:
+    r = run.step("large_entry")
+    assert r["rc"] == 0 and r["blob_len"] == 300000, r
+    assert r["lines"] == "first\nsecond", r

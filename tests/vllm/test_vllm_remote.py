@@ -1,0 +1,221 @@
+"""RemoteEngine against a real `vllm serve` (CPU build) of the tiny DeepSeek-OCR-2, on 127.0.0.1.
+
+The server gets the recipe's flags (n-gram logits processor, no prefix caching, no
+processor cache) plus the tiny CPU settings, and the test plugin through PYTHONPATH. It is
+stopped and restarted to show that a server outage makes pages wait (EngineUnavailable),
+not fail. The server runs in its own process group and is always killed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from ocrd.config import EngineConfig
+from ocrd.engines.base import PROMPTS, PageOutput, PageRequest
+from ocrd.engines.remote import RemoteEngine
+from ocrd.engines.vllm import NGRAM_PROCESSOR, VllmEngine
+from ocrd.errors import EngineUnavailable
+
+pytestmark = pytest.mark.vllm
+
+SERVED_NAME = "tiny-dsocr2"
+READY_TIMEOUT_SECONDS = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`vllm serve` as a subprocess in its own process group (so its engine core goes
+    down with it)."""
+
+    def __init__(self, model_dir: Path, log_path: Path) -> None:
+        self.model_dir = model_dir
+        self.log_path = log_path
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        # `python -m vllm.entrypoints.openai.api_server` is `vllm serve`; the `vllm` script
+        # itself looks up the distribution "vllm", which the CPU build is not named.
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            # the recipe's server flags
+            "--logits-processors", NGRAM_PROCESSOR,
+            "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0",
+            "--limit-mm-per-prompt", json.dumps({"image": 1}),
+            # tiny CPU settings (shared/notes/testing-vllm-on-cpu.md)
+            "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "2048",
+            "--max-num-seqs", "4", "--enforce-eager", "--seed", "0",
+            "--distributed-executor-backend", "uni",
+            "--kv-cache-memory-bytes", str(128 * 2**20),
+        ]
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> float:
+        """Poll /health until it answers 200; seconds taken. Fails if the server exits."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            health = f"http://127.0.0.1:{self.port}/health"
+            with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+            time.sleep(0.25)
+        pytest.fail(f"vllm serve not ready after {timeout} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it if it lingers."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        # the engine core may outlive the API server by a moment
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, vllm_env: dict[str, str],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    srv = VllmServer(model_dir, tmp_path_factory.mktemp("vllm-serve") / "server.log")
+    try:
+        srv.start()
+        print(f"\nvllm serve ready after {srv.wait_ready():.1f} s")
+        yield srv
+    finally:
+        srv.stop()
+
+
+def remote_config(url: str, **fields: Any) -> EngineConfig:
+    return EngineConfig.model_validate({
+        "kind": "remote", "model": SERVED_NAME, "urls": [url], "concurrency_per_url": 4,
+        "max_tokens": 48, "loop_retries": 0, **fields})
+
+
+def noise(seed: int, w: int = 640, h: int = 480) -> PageRequest:
+    img = Image.frombytes("RGB", (w, h), random.Random(seed).randbytes(w * h * 3))
+    return PageRequest(image=img, page_no=seed, doc_id=f"doc{seed}")
+
+
+def prompt_text_tokens(model_dir: Path) -> int:
+    """BOS + the recipe prompt's text, without its one <image> token."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(str(model_dir))(PROMPTS["markdown"]).input_ids) - 1
+
+
+def test_pages_through_vllm_serve(server: VllmServer, model_dir: Path) -> None:
+    async def run() -> tuple[list[PageOutput], PageOutput, PageOutput, float]:
+        engine = RemoteEngine(remote_config(server.url))
+        await engine.start()
+        assert await engine.health()
+        t0 = time.monotonic()
+        outs = await asyncio.gather(*(engine.ocr(noise(i)) for i in range(4)))
+        seconds = time.monotonic() - t0
+        tiled = await engine.ocr(noise(5, 1191, 1684))
+        looping = RemoteEngine(remote_config(server.url, max_tokens=3, loop_retries=1))
+        return outs, tiled, await looping.ocr(noise(6)), seconds
+
+    outs, tiled, looped, seconds = asyncio.run(run())
+    print(f"\n4 pages through vllm serve: {seconds:.2f} s")
+    # The server saw exactly the recipe's prompt: BOS, then the image's 257 tokens where
+    # <image> stands, then the text (the chat template adds nothing else).
+    text_tokens = prompt_text_tokens(model_dir)
+    assert all(o.prompt_tokens == text_tokens + 257 for o in outs)
+    assert tiled.prompt_tokens == text_tokens + 1121
+    assert all(o.tokens and o.extra["server"] == server.url for o in outs)
+    assert len({o.text for o in outs}) >= 3  # the image reached the model
+    # the server accepted the retry's vllm_xargs and repetition_detection
+    assert looped.attempts == 2 and looped.degraded and looped.tokens == 3
+
+
+def test_remote_and_local_engines_agree(server: VllmServer,
+                                        tiny_config: Callable[..., EngineConfig]) -> None:
+    """Same weights (the plugin's generated ones), same page: the chat request through
+    `vllm serve` gives the same text as the plain prompt in a local engine."""
+    pages = [noise(10), noise(11, 1000, 700)]
+
+    async def run() -> tuple[list[str], list[str]]:
+        remote = RemoteEngine(remote_config(server.url))
+        remote_texts = [(await remote.ocr(p)).text for p in pages]
+        local = VllmEngine(tiny_config(max_tokens=48, loop_retries=0))
+        await local.start()
+        try:
+            local_texts = [(await local.ocr(p)).text for p in pages]
+        finally:
+            await local.close()
+        return remote_texts, local_texts
+
+    remote_texts, local_texts = asyncio.run(run())
+    assert remote_texts == local_texts
+
+
+def test_server_outage_pauses_pages_then_recovers(server: VllmServer) -> None:
+    async def run() -> dict[str, Any]:
+        engine = RemoteEngine(remote_config(server.url))
+        facts: dict[str, Any] = {"before": await engine.ocr(noise(20))}
+        await asyncio.to_thread(server.stop)
+        t0 = time.monotonic()
+        try:
+            await engine.ocr(noise(21))
+        except Exception as e:
+            facts["down_error"] = e
+        facts["down_seconds"] = time.monotonic() - t0
+        facts["down_health"] = await engine.health()
+        server.start()
+        facts["restart_seconds"] = await asyncio.to_thread(server.wait_ready)
+        facts["after"] = await engine.ocr(noise(22))  # the same engine, recovered
+        facts["up_health"] = await engine.health()
+        return facts
+
+    facts = asyncio.run(run())
+    print(f"\nserver down -> EngineUnavailable after {facts['down_seconds']:.1f} s; "
+          f"restart {facts['restart_seconds']:.1f} s")
+    assert isinstance(facts["down_error"], EngineUnavailable)  # re-queued, not failed
+    assert "connection refused" in str(facts["down_error"])
+    assert facts["down_seconds"] < 15
+    assert facts["down_health"] is False and facts["up_health"] is True
+    assert facts["before"].tokens and facts["after"].tokens
