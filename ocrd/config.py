@@ -154,8 +154,30 @@ class VllmConfig(_Strict):
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
 
+class SimulatedConfig(_Strict):
+    """A stand-in for a continuous-batching GPU engine, for benchmarks and tests: one
+    stepping loop decodes every active page at once; nothing is read or learned."""
+
+    # pages decoded together in one step; more wait in the engine's queue
+    max_batch: int = Field(default=16, ge=1)
+    # one step takes step_seconds + step_per_page_seconds × pages in the batch
+    step_seconds: float = Field(default=0.02, ge=0)
+    step_per_page_seconds: float = Field(default=0.001, ge=0)
+    # a page's prefill (its image) adds this much to the step it enters the batch in
+    prefill_seconds_per_megapixel: float = Field(default=0.005, ge=0)
+    # decode steps (output tokens) per page, varied by up to ± this fraction per page
+    # (deterministically, from the document and page number)
+    decode_steps: int = Field(default=24, ge=1)
+    decode_jitter: float = Field(default=0.5, ge=0, lt=1)
+    # pages the daemon keeps in flight with this engine; 0 = max_batch plus a small
+    # queue, so that a freed batch place is refilled at the very next step
+    concurrency: int = Field(default=0, ge=0)
+    # answer every page at once (zero step time): measures the daemon's own overhead
+    instant: bool = False
+
+
 class EngineConfig(_Strict):
-    kind: Literal["auto", "vllm", "remote", "tesseract"] = "auto"
+    kind: Literal["auto", "vllm", "remote", "tesseract", "simulated"] = "auto"
     # Hugging Face id or local path (vllm); served model name (remote).
     model: str = DEFAULT_MODEL
     # remote: base URLs of OpenAI-compatible servers, e.g. http://gpu1:8000/v1
@@ -171,6 +193,7 @@ class EngineConfig(_Strict):
     ngram: NGramConfig = Field(default_factory=NGramConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
+    simulated: SimulatedConfig = Field(default_factory=SimulatedConfig)
 
     @model_validator(mode="after")
     def _remote_needs_urls(self) -> EngineConfig:

@@ -80,6 +80,7 @@ class InboxState:
     perms: outbox.Perms
     next_scan: float = 0.0
     available: bool = True
+    paused_until: float = 0.0  # a destination failed: no new claims until then
     kept: set[tuple[str, int, int]] = field(default_factory=set)
 
 
@@ -91,6 +92,7 @@ class Item:
     inbox: InboxState
     source: Source
     relpath: str
+    retries: int = 0  # destination failures so far (backoff)
 
 
 class Daemon:
@@ -394,6 +396,8 @@ class Daemon:
                 self._apply_hint(path, closed, is_dir)
             if self.converter.gate.open.is_set():
                 for state in list(self.inboxes.values()):
+                    if state.paused_until > now:
+                        continue
                     for cand in state.tracker.due():
                         cand.busy = True
                         self._spawn(self._check(state, cand))
@@ -631,9 +635,11 @@ class Daemon:
             # The destination is full, read-only or gone: not the file's fault. Keep it
             # claimed and try again later.
             self.journal.requeue(job_id)
+            delay = self._later(item)
             log.error("output_unwritable", file=item.relpath, error=e.strerror or str(e),
-                      path=getattr(e, "filename", None), retry_in=30)
-            self._later(30, item)
+                      path=getattr(e, "filename", None), retry_in=delay,
+                      hint="is the outbox full, read-only or unmounted? ocrd pauses this "
+                      "inbox and retries")
             return
         except Exception as e:  # noqa: BLE001 - one file must never take the daemon down
             log.exception("internal_error", file=item.relpath)
@@ -642,9 +648,16 @@ class Daemon:
             return
         await self._finish(item, written.markdown, written.meta)
 
-    def _later(self, seconds: float, item: Item) -> None:
+    def _later(self, item: Item) -> float:
+        """Try a file again after its destination failed, backing off; the inbox takes
+        no new files meanwhile. Returns the delay."""
+        item.retries += 1
+        delay = min(60.0, 2.0 ** item.retries)
+        item.inbox.paused_until = time.monotonic() + delay
         loop = asyncio.get_running_loop()
-        self._retry_later.append(loop.call_later(seconds, self._submit, item))
+        self._retry_later = [h for h in self._retry_later if not h.cancelled()]
+        self._retry_later.append(loop.call_later(delay, self._submit, item))
+        return delay
 
     async def _finish(self, item: Item, md: Path, meta: dict) -> None:
         state, src = item.inbox, item.source
@@ -691,8 +704,9 @@ class Daemon:
             dest = await asyncio.to_thread(self._move_failed, state, item, rel, err, attempts)
         except OSError as e:
             self.journal.requeue(item.job_id)
+            delay = self._later(item)
             log.error("failed_folder_unwritable", file=item.relpath, error=e.strerror,
-                      retry_in=30)
+                      retry_in=delay)
             return
         self.journal.failed(item.job_id, err.reason, str(err), str(dest))
         _remove_empty(item.source.path.parent, state.work_dir)

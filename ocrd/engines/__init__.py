@@ -55,4 +55,8 @@ def create_engine(cfg: EngineConfig) -> Engine:
         from .remote import RemoteEngine
 
         return RemoteEngine(cfg)
+    if kind == "simulated":
+        from .simulated import SimulatedEngine
+
+        return SimulatedEngine(cfg)
     raise ValueError(f"unknown engine kind {kind!r}")

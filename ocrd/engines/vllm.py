@@ -125,7 +125,12 @@ class _VllmApi:
 
     @classmethod
     def load(cls) -> _VllmApi:
-        import vllm
+        try:
+            import vllm
+        except ImportError as e:
+            raise ModuleNotFoundError(
+                f"engine.kind 'vllm' needs vLLM, which is not importable here ({e}); "
+                "install it with: pip install 'ocrd[vllm]'", name="vllm") from e
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
@@ -243,9 +248,13 @@ class VllmEngine(Engine):
         return info
 
     def unfinished_requests(self) -> int:
-        """Requests the engine holds right now (queued or running), by its own count."""
+        """Requests the engine holds right now (queued or running), by its own count
+        (this engine's own count where vLLM does not offer one)."""
         engine = self._engine
-        return engine.get_num_unfinished_requests() if engine is not None else 0
+        if engine is None:
+            return 0
+        count = getattr(engine, "get_num_unfinished_requests", None)
+        return count() if callable(count) else len(self._in_flight)
 
     # ---- pages ----------------------------------------------------------------------
 

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from PIL import Image, ImageDraw
 
 from ocrd.config import EngineConfig
-from ocrd.engines.base import PageRequest
 
 HERE = Path(__file__).resolve().parent
 PLUGIN_DIR = HERE / "plugin"
@@ -105,25 +103,6 @@ def tiny_config(model_dir: Path) -> Callable[..., EngineConfig]:
         return EngineConfig.model_validate(data)
 
     return make
-
-
-def page(w: int = 640, h: int = 480, text: str = "Hello", *, seed: int = 0,
-         doc_id: str = "doc", page_no: int = 1) -> PageRequest:
-    """A page with some text and a pattern that differs by seed (vLLM dedups identical
-    images, so pages that should count as separate work must differ)."""
-    img = Image.new("RGB", (w, h), "white")
-    draw = ImageDraw.Draw(img)
-    for i in range(6):
-        y = 20 + i * (h // 8)
-        draw.text((20, y), f"{text} line {i} seed {seed}", fill="black")
-        draw.rectangle((w // 2, y, w // 2 + 10 + (seed * 37 + i * 11) % (w // 3), y + 8),
-                       fill=(seed * 53 % 255, 0, 0))
-    return PageRequest(image=img, page_no=page_no, doc_id=doc_id)
-
-
-@pytest.fixture(scope="session")
-def make_page() -> Callable[..., PageRequest]:
-    return page
 
 
 class LoopThread:

@@ -1,0 +1,236 @@
+"""A stand-in for a continuous-batching GPU engine, for benchmarks and tests.
+
+It behaves like vLLM serving a vision model, with the model replaced by a clock: one
+stepping loop (a thread, as a GPU runs beside the host's event loop) advances every
+active page by one token per step; a step takes `step_seconds + step_per_page_seconds ×
+batch`, plus the prefill of the pages that enter the batch in it (proportional to their
+pixels). At most `max_batch` pages are decoded at once; the rest wait in a FIFO queue
+and join at the next step with a free place. So pages that arrive together finish
+together, a lone page costs almost as much engine time as a full batch, and a caller
+that leaves the batch half empty gets half the throughput — exactly what the scheduler
+must avoid. The text of a page describes the page (size, a fingerprint of its pixels,
+its number), so outputs of different pages differ. `instant` answers at once, to measure
+everything but the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from ..config import EngineConfig
+from ..errors import EngineDead
+from .base import Engine, PageOutput, PageRequest
+
+
+@dataclass(eq=False)
+class _Request:
+    image: Image.Image | None  # dropped after prefill, as a real engine keeps only KV
+    page_no: int
+    doc_id: str
+    steps: int  # decode steps (tokens) this page needs
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    submitted: float
+    text: str = ""
+    done_steps: int = 0
+    started: float = 0.0
+    cancelled: bool = False
+
+
+@dataclass
+class SimulatedStats:
+    """What the stepping loop did: tests and benchmarks read these."""
+
+    steps: int = 0
+    pages_done: int = 0
+    batch_pages: int = 0  # sum of batch sizes over all steps
+    max_batch_seen: int = 0
+    max_queued: int = 0
+    busy_seconds: float = 0.0  # time spent in steps
+    batch_sizes: list[int] = field(default_factory=list)  # per step, last 10,000 steps
+
+
+def describe_page(image: Image.Image, page_no: int, doc_id: str) -> str:
+    """The simulated OCR text: page number, size and a fingerprint of the pixels."""
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    thumb = rgb.resize((16, 16), Image.Resampling.BOX)
+    digest = hashlib.blake2b(thumb.tobytes(), digest_size=6).hexdigest()
+    return (f"Simulated page {page_no} of document {doc_id[:12]}: "
+            f"{image.width}×{image.height} pixels, fingerprint {digest}.")
+
+
+def decode_steps(base: int, jitter: float, doc_id: str, page_no: int) -> int:
+    """Tokens for one page: `base` varied by up to ± `jitter`, the same every run."""
+    if jitter <= 0:
+        return base
+    h = hashlib.blake2b(f"{doc_id}:{page_no}".encode(), digest_size=8).digest()
+    u = int.from_bytes(h, "big") / 2**64  # uniform in [0, 1)
+    return max(1, round(base * (1 + jitter * (2 * u - 1))))
+
+
+class SimulatedEngine(Engine):
+    kind = "simulated"
+    model = "simulated"
+    output_format = "text"
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg.simulated
+        # A small queue beyond the batch: when a page finishes, the next one is already
+        # waiting inside the engine and joins at the very next step, instead of after a
+        # round trip through the caller (which would leave a place empty for a step).
+        self.max_concurrency = self.cfg.concurrency or \
+            self.cfg.max_batch + max(2, self.cfg.max_batch // 4)
+        self.stats = SimulatedStats()
+        self._cond = threading.Condition()
+        self._queue: deque[_Request] = deque()
+        self._active: list[_Request] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        if self.cfg.instant or self._thread is not None:
+            return
+        self._closed = False
+        self._thread = threading.Thread(target=self._step_loop, name="simulated-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    async def health(self) -> bool:
+        return self.cfg.instant or (self._thread is not None and self._thread.is_alive())
+
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        steps = decode_steps(self.cfg.decode_steps, self.cfg.decode_jitter, page.doc_id,
+                             page.page_no)
+        if self.cfg.instant:
+            now = time.time()
+            self.stats.pages_done += 1
+            text = describe_page(page.image, page.page_no, page.doc_id)
+            return PageOutput(text=text, finish_reason="stop", tokens=steps,
+                              started_at=now, finished_at=now)
+        if self._closed or self._thread is None or not self._thread.is_alive():
+            raise EngineDead("the simulated engine is not running")
+        loop = asyncio.get_running_loop()
+        req = _Request(page.image, page.page_no, page.doc_id, steps, loop.create_future(),
+                       loop, time.time())
+        with self._cond:
+            self._queue.append(req)
+            self._cond.notify()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.cancelled = True  # the stepping loop drops it at its next step
+            raise
+
+    async def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending = [*self._queue, *self._active]
+            self._queue.clear()
+            self._active.clear()
+            self._cond.notify_all()
+        for req in pending:
+            req.loop.call_soon_threadsafe(_settle, req.future, None,
+                                          EngineDead("the simulated engine was closed"))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "max_batch": self.cfg.max_batch,
+                "instant": self.cfg.instant}
+
+    # -- the stepping loop (its own thread) -------------------------------------------
+
+    def _next_batch(self) -> tuple[list[_Request], list[_Request], bool] | None:
+        """Wait for work; admit queued pages into free batch places. Returns (batch,
+        pages admitted in this step, whether the engine sat idle), or None once closed."""
+        idle = False
+        with self._cond:
+            while True:
+                self._active = [r for r in self._active if not r.cancelled]
+                if self._closed:
+                    return None
+                if self._queue or self._active:
+                    break
+                idle = True
+                self._cond.wait()
+            admitted = []
+            while self._queue and len(self._active) < self.cfg.max_batch:
+                req = self._queue.popleft()
+                if not req.cancelled:
+                    self._active.append(req)
+                    admitted.append(req)
+            stats = self.stats
+            stats.max_queued = max(stats.max_queued, len(self._queue))
+            return list(self._active), admitted, idle
+
+    def _step_loop(self) -> None:
+        cfg = self.cfg
+        deadline = 0.0
+        while True:
+            work = self._next_batch()
+            if work is None:
+                return
+            batch, admitted, idle = work
+            begin = time.monotonic()
+            # While busy, steps run back to back on the engine's own clock: a late
+            # wake-up of this thread (the GIL held by the host) does not stretch them,
+            # as a GPU engine core (its own process in vLLM) does not wait for the host.
+            start = begin if idle or not 0 <= begin - deadline <= 0.05 else deadline
+            prefill = 0.0
+            for req in admitted:
+                req.started = time.time()
+                if req.image is not None:
+                    prefill += req.image.width * req.image.height / 1e6
+                    req.text = describe_page(req.image, req.page_no, req.doc_id)
+                    req.image = None
+            duration = (cfg.step_seconds + cfg.step_per_page_seconds * len(batch)
+                        + cfg.prefill_seconds_per_megapixel * prefill)
+            deadline = start + duration
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            finished = []
+            for req in batch:
+                req.done_steps += 1
+                if req.done_steps >= req.steps:
+                    finished.append(req)
+            with self._cond:
+                gone = set(finished)
+                self._active = [r for r in self._active if r not in gone]
+                stats = self.stats
+                stats.steps += 1
+                stats.batch_pages += len(batch)
+                stats.max_batch_seen = max(stats.max_batch_seen, len(batch))
+                stats.busy_seconds += duration
+                stats.pages_done += len(finished)
+                if len(stats.batch_sizes) < 10_000:
+                    stats.batch_sizes.append(len(batch))
+            now = time.time()
+            for req in finished:
+                if req.cancelled:
+                    continue
+                out = PageOutput(text=req.text, finish_reason="stop", tokens=req.steps,
+                                 prompt_tokens=None, seconds=now - req.started,
+                                 started_at=req.started, finished_at=now,
+                                 extra={"queued_seconds": round(req.started - req.submitted, 4)})
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    req.loop.call_soon_threadsafe(_settle, req.future, out, None)
+
+
+def _settle(future: asyncio.Future, out: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(out)
