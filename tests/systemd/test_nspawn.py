@@ -39,6 +39,7 @@ UNITS = REPO / "systemd"
 BOOT_TIMEOUT = 420  # the whole container run; runner.service's own limit is 360 s
 # Where ProtectHome=yes leaves nothing: an interpreter there cannot run the service.
 HIDDEN = ("/root/", "/home/", "/run/user/")
+CHECKOUT = "/opt/ocrd-checkout"
 
 WATCHDOG_DROPIN = """\
 [Service]
@@ -94,11 +95,27 @@ def service_python() -> tuple[str, list[str]] | str:
             f"there is no {system} to use instead")
 
 
-def make_opt_ocrd(root: Path, python: str) -> None:
+def under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def checkout_binds() -> tuple[list[str], str]:
+    """(--bind-ro= values, the venv's site-packages as the container sees it). The
+    checkout appears at /opt/ocrd-checkout: where CI clones it (/home/runner/...) the
+    service could not see it (ProtectHome=yes)."""
+    site = os.path.realpath(sysconfig.get_paths()["purelib"])
+    binds = [f"{REPO}:{CHECKOUT}"]
+    if under(site, str(REPO)):
+        return binds, CHECKOUT + site[len(str(REPO)):]
+    if site.startswith(HIDDEN):
+        return [*binds, f"{site}:/opt/ocrd-site"], "/opt/ocrd-site"
+    return [*binds, site], site
+
+
+def make_opt_ocrd(root: Path, python: str, site: str) -> None:
     """A virtual environment at /opt/ocrd (the unit's ExecStart) that runs this
-    checkout: its interpreter, and a .pth that adds the checkout's site-packages (and so
-    its editable install of ocrd)."""
-    site = Path(sysconfig.get_paths()["purelib"])
+    checkout: the venv's interpreter (or the system's of the same version), this
+    checkout's ocrd first on sys.path, then the venv's site-packages."""
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     (root / "bin").mkdir(parents=True)
     lib = root / "lib" / f"python{version}" / "site-packages"
@@ -108,7 +125,8 @@ def make_opt_ocrd(root: Path, python: str) -> None:
                                      f"version = {version}\n")
     (root / "bin" / "python").symlink_to(python)
     (root / "bin" / "python3").symlink_to("python")
-    (lib / "ocrd-checkout.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    (lib / "ocrd-checkout.pth").write_text(
+        f"import sys, site; sys.path.insert(0, {CHECKOUT!r}); site.addsitedir({site!r})\n")
     # The venv's own console script (pip's: main() under `if __name__ == "__main__"`,
     # which multiprocessing's spawn relies on), with the interpreter line changed.
     script = (Path(sys.executable).parent / "ocrd").read_text().split("\n", 1)[1]
@@ -118,11 +136,8 @@ def make_opt_ocrd(root: Path, python: str) -> None:
 
 
 def make_documents(folder: Path) -> None:
-    sys.path.insert(0, str(HERE.parent))
-    try:
-        from helpers import make_pdf, sentence_lines
-    finally:
-        sys.path.remove(str(HERE.parent))
+    from helpers import make_pdf, sentence_lines  # tests/conftest.py puts tests/ on sys.path
+
     folder.mkdir()
     make_pdf(folder / "one.pdf", [sentence_lines(1)])
     make_pdf(folder / "two.pdf", [sentence_lines(2)])
@@ -177,13 +192,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     (test / "config.yaml").write_text(config(inbox()))
     (test / "config2.yaml").write_text(config(inbox(), inbox("2")))
     make_documents(test / "files")
-    make_opt_ocrd(work / "opt-ocrd", python)
+    binds_ro, site = checkout_binds()
+    make_opt_ocrd(work / "opt-ocrd", python, site)
     dropin = work / "ocrd.service.d"
     dropin.mkdir()
     (dropin / "test-watchdog.conf").write_text(WATCHDOG_DROPIN)
     (work / "runner.service").write_text(RUNNER_UNIT)
-    venv = os.path.realpath(sys.prefix)
-    ro = [str(REPO), *([venv] if not venv.startswith(str(REPO) + "/") else []), *binds]
+    ro = [*binds_ro, *binds]
     etc = "/etc/systemd/system"
     cmd = ["systemd-nspawn", "--quiet", "--directory=/", "--volatile=yes", "--register=no",
            "--keep-unit", f"--machine=ocrd-test-{uuid.uuid4().hex[:8]}",

@@ -1,0 +1,111 @@
+"""Network-share behaviour: polling with a writer that pauses longer than the quiet
+period, an inbox that disappears and comes back, two daemons on one inbox, inotify that
+cannot be had."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
+
+from ocrd.config import InboxConfig
+from ocrd.watch import Observers
+
+pytestmark = [pytest.mark.reliability]
+
+
+@pytest.mark.e2e
+def test_polling_writer_pausing_longer_than_quiet_period(tmp_path: Path) -> None:
+    data = make_pdf(tmp_path / "a.pdf", [sentence_lines(70, 4)] * 2).read_bytes()
+    with Daemon(tmp_path / "d") as d:
+        box = d.config["inboxes"][0]
+        box.update(watch="polling", quiet_seconds=0.5, incomplete_seconds=30)
+        d.start()
+        with open(d.inbox / "a.pdf", "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            time.sleep(3)  # six quiet periods: the completeness check must hold it back
+            assert not (d.outbox / "a.md").exists()
+            f.write(data[len(data) // 2:])
+        wait_for((d.outbox / "a.md").exists, 60, "a.md")
+        assert [e["file"] for e in d.events("file_claimed")] == ["a.pdf"]
+        assert d.event("file_incomplete")["reason"] == "truncated"
+    assert files_under(d.failed) == []
+
+
+@pytest.mark.e2e
+def test_inbox_that_disappears_and_comes_back(tmp_path: Path) -> None:
+    src = make_pdf(tmp_path / "a.pdf", [sentence_lines(71, 3)])
+    with Daemon(tmp_path / "d", rescan_seconds=0.5) as d:
+        d.start()
+        gone = tmp_path / "d" / "inbox-away"
+        os.rename(d.inbox, gone)  # the share is unmounted
+        wait_for(lambda: d.event("inbox_missing"), 30, "inbox_missing")
+        time.sleep(1)
+        assert d.proc.poll() is None
+        drop(src, gone / "a.pdf")
+        os.rename(gone, d.inbox)  # ... and mounted again, with a file in it
+        wait_for(lambda: d.event("inbox_back"), 30, "inbox_back")
+        wait_for((d.outbox / "a.md").exists, 60, "a.md after the inbox returned")
+        # events work again too (the watch was re-established)
+        drop(src, d.inbox / "b.pdf")
+        wait_for((d.outbox / "b.md").exists, 60, "b.md")
+
+
+@pytest.mark.e2e
+def test_two_daemons_on_one_inbox_convert_each_file_exactly_once(tmp_path: Path) -> None:
+    pdfs = [make_pdf(tmp_path / f"t{i}.pdf", [sentence_lines(80 + i, 2)]).read_bytes()
+            for i in range(3)]
+    shared = tmp_path / "share"
+    box = {"path": str(shared / "inbox"), "outbox": str(shared / "out"),
+           "failed": str(shared / "failed"), "archive": str(shared / "archive"),
+           "quiet_seconds": 0.3}
+    (shared / "inbox").mkdir(parents=True)
+    a = Daemon(tmp_path / "a", inboxes=[box])
+    b = Daemon(tmp_path / "b", inboxes=[box])
+    names = [f"doc{i:03d}.pdf" for i in range(40)]
+    with a, b:
+        a.start()
+        b.start()
+
+        def writer() -> None:
+            for i, name in enumerate(names):
+                tmp = shared / "inbox" / (name + ".part")
+                tmp.write_bytes(pdfs[i % 3])
+                tmp.rename(shared / "inbox" / name)
+                time.sleep(0.02)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        t.join()
+        wait_for(lambda: len(list((shared / "out").glob("*.md"))) >= 40, 180,
+                 "40 files converted")
+        time.sleep(2)
+        claims_a = [e["file"] for e in a.events("file_claimed")]
+        claims_b = [e["file"] for e in b.events("file_claimed")]
+    assert sorted(claims_a + claims_b) == names  # each claimed by exactly one daemon
+    assert claims_a and claims_b, "both daemons should have taken work"
+    assert sorted(p.name for p in (shared / "out").glob("*.md")) == \
+        [n.replace(".pdf", ".md") for n in names]
+    assert sorted(p.name for p in (shared / "archive").iterdir()) == names
+    assert files_under(shared / "failed") == []
+
+
+def test_inotify_unavailable_falls_back_to_polling(tmp_path: Path, monkeypatch) -> None:
+    """Running out of inotify watches (ENOSPC) degrades to polling with a warning."""
+    from watchdog.observers import inotify
+
+    def no_watches(self, *args, **kwargs):  # what the kernel says at the watch limit
+        raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+    monkeypatch.setattr(inotify.InotifyObserver, "schedule", no_watches)
+    box = InboxConfig(path=tmp_path, outbox=tmp_path / "o", failed=tmp_path / "f",
+                      on_success="keep")
+    obs = Observers(lambda *a: None)
+    assert obs.watch(box) is False
+    assert not obs.alive(tmp_path)
