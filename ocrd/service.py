@@ -259,8 +259,9 @@ class Daemon:
     async def shutdown(self) -> None:
         self.ready = False
         self.notifier.send("STOPPING=1", "STATUS=draining")
-        log.info("draining", active=len(getattr(self, "scheduler", None).active)
-                 if hasattr(self, "scheduler") else 0)
+        scheduler = getattr(self, "scheduler", None)
+        log.info("draining", active=len(scheduler.active) if scheduler else 0,
+                 queued=scheduler.queued if scheduler else 0)
         if self.observers is not None:
             self.observers.stop()
         for handle in self._retry_later:
@@ -792,6 +793,8 @@ class Daemon:
         now = time.monotonic()
         if now - self._alive > 30:
             return False
+        if not hasattr(self, "slots"):
+            return True  # still starting
         stalled = self.slots.used > 0 and \
             now - self._last_page_progress() > self.cfg.schedule.page_timeout_seconds + 60
         return not stalled
