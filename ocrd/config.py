@@ -176,6 +176,17 @@ class SimulatedConfig(_Strict):
     instant: bool = False
 
 
+class FaultsConfig(_Strict):
+    """Fault injection around any engine, for reliability tests only: every N-th page
+    (counted per daemon run) meets the fault; 0 turns it off."""
+
+    error_every: int = Field(default=0, ge=0)  # raises an error
+    hang_every: int = Field(default=0, ge=0)  # never answers (page timeout)
+    garbage_every: int = Field(default=0, ge=0)  # returns random characters
+    die_after: int = Field(default=0, ge=0)  # the engine dies after this many pages
+    unavailable_seconds: float = Field(default=0.0, ge=0)  # unreachable after start
+
+
 class EngineConfig(_Strict):
     kind: Literal["auto", "vllm", "remote", "tesseract", "simulated"] = "auto"
     # Hugging Face id or local path (vllm); served model name (remote).
@@ -194,6 +205,8 @@ class EngineConfig(_Strict):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
     simulated: SimulatedConfig = Field(default_factory=SimulatedConfig)
+    # reliability tests only (see FaultsConfig); null in production
+    faults: FaultsConfig | None = None
 
     @model_validator(mode="after")
     def _remote_needs_urls(self) -> EngineConfig:

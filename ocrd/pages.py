@@ -420,7 +420,10 @@ class RenderPool:
             generation = self._generation
             try:
                 fut = loop.run_in_executor(pool, fn, *args)
-                return await asyncio.wait_for(fut, timeout or self.timeout)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that races with the result
+                async with asyncio.timeout(timeout or self.timeout):
+                    return await fut
             except BrokenProcessPool:
                 self._discard(generation)
                 if attempt == 2:

@@ -4,6 +4,9 @@ Markdown → results written atomically. Used by the daemon and by `ocrd convert
 Memory stays flat with page count: at most `render.lookahead` rendered pages wait per
 document, pages in the engine are bounded by the shared slots, and figure crops go to a
 staging folder as they appear instead of piling up in memory.
+
+The converter also tells the scheduler whether the engine has room: pages in it plus
+pages on their way (rendering, or rendered and waiting for a slot) below the slots.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import io
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -106,6 +110,19 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
+        # Pages on their way to the engine (rendering or waiting for a slot), plus one
+        # for each document still preparing (hash, folders) that will render soon.
+        self.pending = 0
+        # Called when a page moves on or a document finishes (the scheduler's poke).
+        self.on_progress: Callable[[], None] | None = None
+
+    def has_room(self) -> bool:
+        """The engine could take more pages than are in it and on their way."""
+        return self.slots.used + self.pending < self.slots.n
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress()
 
     async def probe(self, path: Path) -> pages.DocInfo:
         lim = self.cfg.limits
@@ -118,13 +135,18 @@ class Converter:
         the engine is gone, OSError when the destination cannot be written."""
         t0 = time.time()
         blog = log.bind(file=src.name)
-        info = src.info or await self.probe(src.path)
-        src.info = info
-        if src.sha256 is None:
-            src.sha256 = await asyncio.to_thread(sha256_file, src.path)
+        self.pending += 1  # counted before the first await: see Scheduler.run
+        try:
+            info = src.info or await self.probe(src.path)
+            src.info = info
+            if src.sha256 is None:
+                src.sha256 = await asyncio.to_thread(sha256_file, src.path)
+            await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
+        finally:
+            self.pending -= 1
+            self._progress()
         stem = PurePosixPath(src.name).name
         stem = stem.rpartition(".")[0] or stem
-        await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
         base = self.reservations.choose(out_dir, stem, src.sha256, src.name,
                                         src.same_path_replaces)
         staging = Staging(base, perms)
@@ -151,7 +173,15 @@ class Converter:
         ahead = asyncio.Semaphore(self.cfg.render.lookahead)
         doc_key = object()  # identity of this document for the fair slots
 
+        def moved_on() -> None:
+            ahead.release()
+            self.pending -= 1
+            self._progress()
+
         async def one(i: int) -> None:
+            # Counted here, not where the loop below takes the look-ahead token: a task
+            # cancelled before it starts never runs its finally.
+            self.pending += 1
             held = True
             try:
                 t = time.time()
@@ -159,19 +189,23 @@ class Converter:
                     pages.render_page, str(src.path), info, i, self.cfg.render.dpi,
                     self.cfg.limits.max_pixels)
                 image = rendered.to_image()
+                # Keep the size, drop the raw copy of the pixels: the image holds its own,
+                # and two copies per page in flight would double the pipeline's memory.
+                rendered = replace(rendered, data=b"")
                 render_s = time.time() - t
                 req = PageRequest(image=image, page_no=i + 1, doc_id=src.sha256 or src.name,
                                   prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
                                   custom_prompt=src.custom_prompt)
                 await self.slots.acquire(doc_key, src.order)
-                ahead.release()
                 held = False
+                moved_on()
                 if self.metrics:
                     self.metrics.pages_in_flight.inc()
                 try:
                     out = await self._ocr(req, blog)
                 finally:
                     self.slots.release(doc_key)
+                    self._progress()
                     if self.metrics:
                         self.metrics.pages_in_flight.dec()
                 results[i] = await self._page_result(i, out, image, rendered, render_s,
@@ -180,7 +214,7 @@ class Converter:
                            tokens=out.tokens, finish=out.finish_reason)
             finally:
                 if held:
-                    ahead.release()
+                    moved_on()
 
         try:
             async with asyncio.TaskGroup() as tg:
@@ -197,7 +231,8 @@ class Converter:
         while True:
             await self.gate.open.wait()
             try:
-                return await asyncio.wait_for(self.engine.ocr(req), sched.page_timeout_seconds)
+                async with asyncio.timeout(sched.page_timeout_seconds):
+                    return await self.engine.ocr(req)
             except errors.EngineUnavailable as e:
                 await self.gate.wait(e)
             except (errors.EngineDead, asyncio.CancelledError):

@@ -5,11 +5,18 @@ arrival order and, inside a batch, the smallest document (pages × pixels) first
 slots in the engine are shared by all active documents and a freed slot goes to the
 document with the fewest pages in flight, so a one-page receipt never waits behind a
 300-page manual, and the engine is fed continuously across batch boundaries.
+
+Up to `max_active` documents run at once. Beyond that, and before a batch's window has
+closed, a document starts only when the engine has room: the pages in it plus the pages
+on their way (rendering, or waiting for a slot) would not fill it. Waiting for a window
+or for a document to finish while the engine sits half empty is what a fixed-batch loop
+does; a full engine, not a document count, is the goal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -85,15 +92,23 @@ class _Queued:
 
 
 class Scheduler:
-    """Starts documents (`run_doc(item)`) in batch order, at most `max_active` at once."""
+    """Starts documents (`run_doc(item)`) in batch order: up to `max_active` at once, and
+    up to `room_limit` while `room()` says the engine could take more pages. Call
+    `poke()` when room may have appeared (a page got a slot or finished)."""
 
     def __init__(self, run_doc: Callable[[Any], Awaitable[None]], max_active: int,
-                 window: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 window: float, clock: Callable[[], float] = time.monotonic,
+                 room: Callable[[], bool] | None = None, room_limit: int = 0) -> None:
         self.run_doc = run_doc
         self.max_active = max_active
         self.window = window
         self.clock = clock
+        self.room = room
+        # Documents at most, counting those started for room: each holds up to its
+        # render look-ahead in memory, so this must stay bounded whatever room says.
+        self.room_limit = room_limit
         self._heap: list[_Queued] = []
+        self._keys: dict[int, tuple] = {}  # id(item) → order key, for queued items
         self._seq = itertools.count()
         self._batch = 0
         self._batch_opened = -1e18
@@ -109,15 +124,19 @@ class Scheduler:
             self._batch += 1
             self._batch_opened = now
             self._batch_close[self._batch] = now + self.window
-        heapq.heappush(self._heap, _Queued(self._batch, cost, next(self._seq), item, now))
+        q = _Queued(self._batch, cost, next(self._seq), item, now)
+        heapq.heappush(self._heap, q)
+        self._keys[id(item)] = (q.batch, q.cost, q.seq)
         self._changed.set()
         return self._batch
 
     def order_of(self, item: Any) -> tuple:
-        for q in self._heap:
-            if q.item is item:
-                return (q.batch, q.cost, q.seq)
-        return ()
+        """The order key (batch, cost, seq) of a queued item; () if not queued."""
+        return self._keys.get(id(item), ())
+
+    def poke(self) -> None:
+        """Something changed that may let a document start (room in the engine)."""
+        self._changed.set()
 
     @property
     def queued(self) -> int:
@@ -133,35 +152,48 @@ class Scheduler:
             (gone if pred(q.item) else keep).append(q)
         self._heap = keep
         heapq.heapify(self._heap)
+        for q in gone:
+            self._keys.pop(id(q.item), None)
         return [q.item for q in gone]
 
+    def _has_room(self) -> bool:
+        return self.room is not None and len(self.active) < self.room_limit and self.room()
+
     def _eligible(self) -> _Queued | None:
-        if not self._heap:
+        if not self._heap or not self.accepting:
+            return None
+        roomy = self._has_room()
+        if len(self.active) >= self.max_active and not roomy:
             return None
         head = self._heap[0]
         # A batch is started once its window has closed, so its smallest file goes first;
-        # with nothing active there is nothing to reorder against: start at once.
-        if not self.active or self.clock() >= self._batch_close.get(head.batch, 0):
-            return heapq.heappop(self._heap)
+        # with nothing active there is nothing to reorder against, and with room in the
+        # engine starting now delays no one: start at once.
+        if not self.active or roomy or self.clock() >= self._batch_close.get(head.batch, 0):
+            q = heapq.heappop(self._heap)
+            self._keys.pop(id(q.item), None)
+            return q
         return None
 
     async def run(self) -> None:
         while True:
             self._changed.clear()
-            while self.accepting and len(self.active) < self.max_active:
-                q = self._eligible()
-                if q is None:
-                    break
+            while (q := self._eligible()) is not None:
                 task = asyncio.create_task(self.run_doc(q.item), name="document")
                 self.active[task] = q.item
                 task.add_done_callback(self._done)
+                # Let the document begin, and count its first pages as on their way,
+                # before room is judged again: otherwise one pass would start every
+                # queued file while the engine still looks empty.
+                await asyncio.sleep(0)
             timeout = None
             if self._heap and self.active:
                 timeout = max(0.01, self._batch_close.get(self._heap[0].batch, 0) - self.clock())
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
+            # cancellation that stops this loop when it races with the event
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
 
     def _done(self, task: asyncio.Task) -> None:
         self.active.pop(task, None)

@@ -201,8 +201,13 @@ class Daemon:
         self.slots = FairSlots(in_flight)
         self.converter = Converter(cfg, self.engine, self.pool, self.slots,
                                    metrics=self.metrics)
+        # Beyond max_active_documents, documents start while the engine has room (see
+        # schedule.py), at most one per page slot more.
         self.scheduler = Scheduler(self._run_item, cfg.schedule.max_active_documents,
-                                   cfg.schedule.batch_window_seconds)
+                                   cfg.schedule.batch_window_seconds,
+                                   room=self.converter.has_room,
+                                   room_limit=cfg.schedule.max_active_documents + in_flight)
+        self.converter.on_progress = self.scheduler.poke
         self.observers = Observers(self._hint_from_thread)
         for box in cfg.inboxes:
             self._add_inbox(box)
@@ -280,11 +285,15 @@ class Daemon:
                 await asyncio.wait(list(self.scheduler.active), timeout=10)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            _, stuck = await asyncio.wait(list(self._tasks), timeout=10)
+            for task in stuck:
+                log.error("task_did_not_stop", task=task.get_name())
         if self.engine is not None:
             self.notifier.send("STATUS=closing the engine")
             try:
-                await asyncio.wait_for(self.engine.close(), 60)
+                async with asyncio.timeout(60):
+                    await self.engine.close()
             except Exception as e:  # noqa: BLE001 - shutting down regardless
                 log.warning("engine_close_failed", error=str(e))
         for pool in (getattr(self, "pool", None), getattr(self, "probe_pool", None)):
@@ -359,6 +368,7 @@ class Daemon:
                 self._add_inbox(box)
         self.slots.resize(new.schedule.pages_in_flight or self.slots.n)
         self.scheduler.max_active = new.schedule.max_active_documents
+        self.scheduler.room_limit = new.schedule.max_active_documents + self.slots.n
         keep_engine, keep_render = self.cfg.engine, self.cfg.render
         self.cfg = new.model_copy(update={"engine": keep_engine, "render": keep_render})
         self.converter.cfg = self.cfg
@@ -409,7 +419,8 @@ class Daemon:
             self.metrics.queue_depth.set(self.scheduler.queued)
             self.metrics.active_files.set(len(self.scheduler.active))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.02, min(waits)))
+                async with asyncio.timeout(max(0.02, min(waits))):
+                    await self._wake.wait()
             self._wake.clear()
 
     def _spawn(self, coro) -> None:

@@ -41,6 +41,16 @@ def choose_kind(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def create_engine(cfg: EngineConfig) -> Engine:
+    engine = _create(cfg)
+    if cfg.faults is not None:
+        from .faults import FaultyEngine
+
+        log.warning("engine_faults_injected", faults=cfg.faults.model_dump())
+        engine = FaultyEngine(engine, cfg.faults)
+    return engine
+
+
+def _create(cfg: EngineConfig) -> Engine:
     kind, why = choose_kind(cfg)
     log.info("engine_chosen", engine=kind, reason=why, configured=cfg.kind)
     if kind == "tesseract":

@@ -80,7 +80,8 @@ class TesseractEngine(Engine):
             *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=env)
         try:
-            out, err = await asyncio.wait_for(proc.communicate(ppm), self.cfg.timeout_seconds)
+            async with asyncio.timeout(self.cfg.timeout_seconds):
+                out, err = await proc.communicate(ppm)
         except (TimeoutError, asyncio.CancelledError):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -1,0 +1,63 @@
+"""Fault injection around a real engine, for reliability tests (`engine.faults`).
+
+Faults are deterministic (every N-th page of this run), so a test knows what to expect:
+errors the daemon must retry, hangs it must time out, garbage it must still turn into a
+document, death it must survive by exiting and resuming, and an unreachable engine it
+must wait for without failing pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from ..config import FaultsConfig
+from ..errors import EngineDead, EngineUnavailable
+from .base import Engine, PageOutput, PageRequest
+
+
+class FaultyEngine(Engine):
+    def __init__(self, inner: Engine, faults: FaultsConfig) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.kind = inner.kind
+        self.model = inner.model
+        self.output_format = inner.output_format
+        self.max_concurrency = inner.max_concurrency
+        self.calls = 0
+        self._started = 0.0
+        self._rng = random.Random(0)
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self._started = time.monotonic()
+
+    def _unavailable(self) -> bool:
+        return time.monotonic() - self._started < self.faults.unavailable_seconds
+
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        f = self.faults
+        if self._unavailable():
+            raise EngineUnavailable("injected: engine unreachable")
+        self.calls += 1
+        n = self.calls
+        if f.die_after and n > f.die_after:
+            raise EngineDead(f"injected: engine died after {f.die_after} pages")
+        if f.error_every and n % f.error_every == 0:
+            raise RuntimeError(f"injected: engine error on call {n}")
+        if f.hang_every and n % f.hang_every == 0:
+            await asyncio.Event().wait()  # never set: only a timeout or cancel ends it
+        out = await self.inner.ocr(page)
+        if f.garbage_every and n % f.garbage_every == 0:
+            out.text = "".join(chr(self._rng.randrange(1, 0x2FFF)) for _ in range(300))
+        return out
+
+    async def health(self) -> bool:
+        return not self._unavailable() and await self.inner.health()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "faults": self.faults.model_dump()}
