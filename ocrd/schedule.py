@@ -89,6 +89,8 @@ class _Queued:
     seq: int
     item: Any = field(compare=False)
     since: float = field(compare=False, default=0.0)
+    # runs alone: nothing else starts while it is active (isolating a suspect)
+    exclusive: bool = field(compare=False, default=False)
 
 
 class Scheduler:
@@ -114,17 +116,20 @@ class Scheduler:
         self._batch_opened = -1e18
         self._batch_close: dict[int, float] = {}
         self.active: dict[asyncio.Task, Any] = {}
+        self._exclusive: set[asyncio.Task] = set()
         self._changed = asyncio.Event()
         self.accepting = True
 
-    def submit(self, item: Any, cost: int) -> int:
-        """Queue a document; returns its batch number."""
+    def submit(self, item: Any, cost: int, exclusive: bool = False) -> int:
+        """Queue a document; returns its batch number. An exclusive document goes first
+        and is converted alone (used for files suspected of crashing the daemon)."""
         now = self.clock()
         if now - self._batch_opened > self.window:
             self._batch += 1
             self._batch_opened = now
             self._batch_close[self._batch] = now + self.window
-        q = _Queued(self._batch, cost, next(self._seq), item, now)
+        batch = 0 if exclusive else self._batch
+        q = _Queued(batch, cost, next(self._seq), item, now, exclusive)
         heapq.heappush(self._heap, q)
         self._keys[id(item)] = (q.batch, q.cost, q.seq)
         self._changed.set()
@@ -166,6 +171,8 @@ class Scheduler:
         if len(self.active) >= self.max_active and not roomy:
             return None
         head = self._heap[0]
+        if self._exclusive or (head.exclusive and self.active):
+            return None
         # A batch is started once its window has closed, so its smallest file goes first;
         # with nothing active there is nothing to reorder against, and with room in the
         # engine starting now delays no one: start at once.
@@ -181,6 +188,8 @@ class Scheduler:
             while (q := self._eligible()) is not None:
                 task = asyncio.create_task(self.run_doc(q.item), name="document")
                 self.active[task] = q.item
+                if q.exclusive:
+                    self._exclusive.add(task)
                 task.add_done_callback(self._done)
                 # Let the document begin, and count its first pages as on their way,
                 # before room is judged again: otherwise one pass would start every
@@ -197,6 +206,7 @@ class Scheduler:
 
     def _done(self, task: asyncio.Task) -> None:
         self.active.pop(task, None)
+        self._exclusive.discard(task)
         self._changed.set()
 
     async def drain(self, timeout: float) -> bool:

@@ -585,9 +585,9 @@ class Daemon:
             return
         self._submit(item)
 
-    def _submit(self, item: Item) -> None:
+    def _submit(self, item: Item, exclusive: bool = False) -> None:
         cost = item.source.info.pixels if item.source.info else 0
-        self.scheduler.submit(item, cost)
+        self.scheduler.submit(item, cost, exclusive)
         item.source.order = self.scheduler.order_of(item)
 
     async def _reject_non_regular(self, state: InboxState, entry: Entry) -> None:
@@ -743,7 +743,14 @@ class Daemon:
         """Resume what the last run left: claimed files are queued again, half-done
         claims are settled, and files in our work area without a row are adopted."""
         known: set[str] = set()
-        for job in self.journal.open_jobs():
+        jobs = self.journal.open_jobs()
+        # Files that were converting when the last run died are suspects. If several
+        # were, the crash cannot be pinned on one: their attempt is not counted, and each
+        # is converted alone first, so a file that really crashes the daemon is caught
+        # by max_attempts while the innocent ones go through.
+        suspects = [j.id for j in jobs if j.state == "converting"]
+        isolate = len(suspects) > 1
+        for job in jobs:
             known.add(job.claim_path)
             state = self.inboxes.get(Path(job.inbox))
             if state is None:
@@ -771,13 +778,17 @@ class Daemon:
                                     "the work area", "")
                 log.error("claimed_file_missing", file=job.relpath, claim=job.claim_path)
                 continue
-            log.info("file_resumed", file=job.relpath, attempts=job.attempts)
+            suspect = isolate and job.id in suspects
+            if suspect:
+                self.journal.requeue(job.id)
+            log.info("file_resumed", file=job.relpath, attempts=job.attempts,
+                     isolated=suspect)
             try:
                 src.info = await self.converter.probe(claim)
             except errors.OcrdError as e:
                 await self._fail(item, e)
                 continue
-            self._submit(item)
+            self._submit(item, exclusive=suspect)
         for state in self.inboxes.values():
             for path in await asyncio.to_thread(_files_under, state.work_dir):
                 if str(path) in known:

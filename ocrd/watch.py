@@ -25,7 +25,8 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers.inotify import InotifyObserver
+from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
+from watchdog.observers.inotify_c import InotifyConstants, Mask
 
 from .config import BUILTIN_IGNORE, InboxConfig
 
@@ -161,6 +162,29 @@ EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent,
           DirCreatedEvent, DirMovedEvent]
 
 
+class _FlatInboxEmitter(InotifyEmitter):
+    """An inotify emitter that does not ask for IN_MOVED_FROM on a non-recursive watch.
+
+    watchdog holds every IN_MOVED_FROM for 0.5 s to pair it with its IN_MOVED_TO, and
+    delivers nothing behind it meanwhile. Each claim renames a file out of the inbox
+    (into .ocrd-work/, unwatched), so every claim stalled the next file's events by up
+    to half a second. In a flat inbox nothing is lost without it: a rename inside the
+    inbox (x.part → x.pdf) still arrives as IN_MOVED_TO, reported as a created file."""
+
+    def get_event_mask_from_filter(self) -> Mask:
+        mask = super().get_event_mask_from_filter()
+        if not self.watch.is_recursive:
+            mask = Mask(mask & ~InotifyConstants.IN_MOVED_FROM)
+        return mask
+
+
+def _observer() -> InotifyObserver:
+    observer = InotifyObserver()
+    if hasattr(observer, "_emitter_class"):  # watchdog 7.x: the class it instantiates
+        observer._emitter_class = _FlatInboxEmitter
+    return observer
+
+
 class Observers:
     """inotify observers for the inboxes that use them. Starting one can fail (watch
     limit reached, folder missing): the inbox then falls back to polling, with a
@@ -173,7 +197,7 @@ class Observers:
     def watch(self, inbox: InboxConfig) -> bool:
         if inbox.path in self._observers:
             return True
-        observer = InotifyObserver()
+        observer = _observer()
         try:
             observer.schedule(_Handler(self.hint), str(inbox.path), recursive=inbox.recursive,
                               event_filter=EVENTS)

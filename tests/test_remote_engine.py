@@ -1,7 +1,7 @@
 """RemoteEngine against fake OpenAI-compatible servers that behave like `vllm serve`.
 
 The servers are faked (asyncio on 127.0.0.1) because a real vLLM server needs the vLLM
-venv; tests/vllm/test_vllm_remote.py runs the same engine against a real one. The fake
+venv; tests/vllm_engine/test_vllm_remote.py runs the same engine against a real one. The fake
 answers /v1/models and /v1/chat/completions with vLLM's JSON shapes, takes time per page,
 answers 503 above its concurrency limit (as vLLM's admission control does), notices
 clients that hang up, and can loop or refuse on demand. Also covers the shared loop-retry

@@ -24,11 +24,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from PIL import Image
 
 from ..config import EngineConfig
 from ..errors import EngineDead
 from .base import Engine, PageOutput, PageRequest
+
+log = structlog.get_logger("ocrd.engine.simulated")
 
 
 @dataclass(eq=False)
@@ -143,6 +146,12 @@ class SimulatedEngine(Engine):
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
+        st = self.stats
+        # For benchmarks: how full the batches were over the engine's life.
+        log.info("simulated_engine_stats", steps=st.steps, pages=st.pages_done,
+                 mean_batch=round(st.batch_pages / st.steps, 2) if st.steps else 0.0,
+                 busy_seconds=round(st.busy_seconds, 3), max_queued=st.max_queued,
+                 partial_steps=sum(1 for b in st.batch_sizes if b < self.cfg.max_batch))
 
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "max_batch": self.cfg.max_batch,

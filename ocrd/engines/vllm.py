@@ -127,6 +127,9 @@ class _VllmApi:
     def load(cls) -> _VllmApi:
         try:
             import vllm
+
+            if getattr(vllm, "__file__", None) is None:  # a stray folder named vllm
+                raise ImportError("found a namespace package, not vLLM")
         except ImportError as e:
             raise ModuleNotFoundError(
                 f"engine.kind 'vllm' needs vLLM, which is not importable here ({e}); "

@@ -5,7 +5,7 @@ encoder, ~0.45 B parameters: 6-27 s per page on 2 CPU cores), so config.json can
 them small. With DSOCR2_TINY_VISION=1 this swaps the two constructors, in that module's
 namespace, for tiny instances of the same classes: same forward code, same token counts
 (256 queries for the 1024 px global view, 144 per 768 px tile). Pair it with
-projector_config.input_dim == VISION_DIM (tests/vllm/tiny_model.py).
+projector_config.input_dim == VISION_DIM (tests/vllm_engine/tiny_model.py).
 
 With DSOCR2_SCALED_DUMMY=1 it also replaces vLLM's dummy initialiser (U(-1e-3, 1e-3),
 which makes logits ignore the image) with fan-in scaled values of gain WEIGHT_GAIN, drawn

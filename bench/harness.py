@@ -1,0 +1,288 @@
+"""What every benchmark needs: generated inputs, the daemon as a subprocess, and the
+resident memory of a process tree sampled from /proc.
+
+Inputs are generated (reportlab, Pillow) under bench/out/, never checked in. Page
+content comes from a fixed set of designs, so the same page image can be produced
+again outside the daemon (to drive an engine directly with exactly the daemon's pages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+PAGE_DESIGNS = 40  # distinct page contents; page k of a document uses design k % 40
+
+WORDS = ("invoice payment customer account balance report quarter revenue shipment "
+         "delivery warehouse contract signature address number total schedule budget "
+         "meeting summary analysis approval request vendor").split()
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+def design_lines(design: int, n: int = 30) -> list[str]:
+    """Deterministic lines of ordinary words for one page design."""
+    out = []
+    for i in range(n):
+        words = [WORDS[(design * 7 + i * 3 + k * 5) % len(WORDS)] for k in range(9)]
+        out.append(" ".join(words).capitalize() + f" {design}.{i}")
+    return out
+
+
+def pdf_bytes(pages: int, first_design: int = 0) -> bytes:
+    """An A4 text PDF (a heading, lines of text and a table-like grid per page)."""
+    from reportlab.lib.pagesizes import A4
+    from reportlab.pdfgen import canvas
+
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf, pagesize=A4, pageCompression=1)
+    for k in range(pages):
+        design = (first_design + k) % PAGE_DESIGNS
+        c.setFont("Helvetica-Bold", 16)
+        # no page number on the page: a design renders to the same pixels wherever it
+        # appears, so a benchmark can feed an engine the daemon's exact page images
+        c.drawString(60, 790, f"Section {design}: quarterly report")
+        c.setFont("Helvetica", 11)
+        y = 760
+        for line in design_lines(design):
+            c.drawString(60, y, line)
+            y -= 17
+        # a small grid, as many business documents have
+        for row in range(6):
+            for col in range(4):
+                c.rect(60 + col * 120, 180 - row * 20, 120, 20)
+                c.drawString(64 + col * 120, 186 - row * 20, f"{design * 10 + row}.{col}")
+        c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def write_pdf(path: Path, pages: int, first_design: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pdf_bytes(pages, first_design))
+    return path
+
+
+def png_bytes(i: int, size: tuple[int, int] = (480, 160)) -> bytes:
+    """A small, unique image: a receipt-like line of text with the number i."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("L", size, 255)
+    draw = ImageDraw.Draw(img)
+    draw.text((12, 20), f"Receipt {i:06d}", fill=0)
+    draw.text((12, 60), " ".join(WORDS[(i + k) % len(WORDS)] for k in range(5)), fill=0)
+    draw.rectangle((12, 110, 12 + (i % 400), 130), fill=0)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def drop_file(path: Path, data: bytes) -> float:
+    """Write a file straight into an inbox the way `cp` does (open, write, close) and
+    return the time it was closed."""
+    with open(path, "wb") as f:
+        f.write(data)
+    return time.time()
+
+
+# -- memory ------------------------------------------------------------------------------
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_pids(root: int) -> list[int]:
+    """root and all its descendants, from /proc/PID/task/TID/children."""
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class TreeRss:
+    """Samples the summed RSS of a process tree every `interval` seconds in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self.peak_procs = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> TreeRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> int:
+        pids = tree_pids(self.pid)
+        total = sum(rss_bytes(p) for p in pids)
+        if total > self.peak:
+            self.peak, self.peak_procs = total, len(pids)
+        self.samples += 1
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+
+# -- the daemon --------------------------------------------------------------------------
+
+
+def daemon_config(root: Path, engine: dict, **top: Any) -> dict:
+    """A daemon config for one benchmark: one inbox under root, JSON logs at info level
+    (what a production daemon logs), no metrics port (runs must not collide)."""
+    inbox = top.pop("inbox", {})
+    return {
+        "state_dir": str(root / "state"),
+        "engine": engine,
+        "metrics": {"listen": None},
+        "log": {"level": "info", "format": "json"},
+        "inboxes": [{"path": str(root / "inbox"), "outbox": str(root / "outbox"),
+                     "failed": str(root / "failed"), "archive": str(root / "archive"),
+                     **inbox}],
+        **top,
+    }
+
+
+class DaemonProcess:
+    """`ocrd run` as a subprocess; its JSON log goes to root/daemon.log."""
+
+    def __init__(self, root: Path, config: dict) -> None:
+        self.root = root
+        self.config = config
+        self.inbox = Path(config["inboxes"][0]["path"])
+        self.outbox = Path(config["inboxes"][0]["outbox"])
+        self.failed = Path(config["inboxes"][0]["failed"])
+        self.log_path = root / "daemon.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> DaemonProcess:
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.root / "config.yaml"
+        cfg_path.write_text(yaml.safe_dump(self.config))
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ocrd", "run", "-c", str(cfg_path)], cwd=ROOT,
+                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        wait_for(lambda: self.events("ready") or self.proc.poll() is not None, timeout,
+                 "the daemon to be ready")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the daemon exited early:\n{self.log_text()[-3000:]}")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self, name: str | None = None) -> list[dict]:
+        out = []
+        for line in self.log_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if name is None or ev.get("event") == name:
+                out.append(ev)
+        return out
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def event_time(ev: dict) -> float:
+    """The epoch seconds of a structlog ISO timestamp."""
+    return datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def markdown_files(folder: Path) -> list[os.DirEntry]:
+    """The NAME.md entries directly in folder."""
+    try:
+        with os.scandir(folder) as it:
+            return [e for e in it if e.name.endswith(".md") and not e.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def wait_markdown(folder: Path, n: int, timeout: float, every: float = 0.05) -> list[float]:
+    """Wait until folder holds n Markdown files; returns their mtimes (when each was
+    written), sorted."""
+    wait_for(lambda: len(markdown_files(folder)) >= n, timeout,
+             f"{n} Markdown files in {folder}", every)
+    return sorted(e.stat().st_mtime for e in markdown_files(folder))
