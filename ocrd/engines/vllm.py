@@ -171,6 +171,7 @@ class VllmEngine(Engine):
         self._guard: HeadDimGuard | None = None
         self._dead = False
         self._closing = False
+        self._closed = asyncio.Event()  # set by close(): streams still open give up
         self._in_flight: set[str] = set()
         self._ids = itertools.count(1)
         # Request ids must be unique in the engine; the pid keeps them apart in logs of
@@ -216,6 +217,7 @@ class VllmEngine(Engine):
     async def close(self) -> None:
         """Abort what is in flight, then shut the engine core down."""
         self._closing = True
+        self._closed.set()
         engine, self._engine = self._engine, None
         if engine is None:
             return
@@ -296,11 +298,10 @@ class VllmEngine(Engine):
         request_id = (f"{self._id_prefix}-{next(self._ids)}-{_request_tag(page.doc_id)}"
                       f"-p{page.page_no}-a{settings.attempt}")
         prompt = {"prompt": page.prompt, "multi_modal_data": {"image": page.image}}
-        final = None
         self._in_flight.add(request_id)
         try:
-            async for output in engine.generate(prompt, self._params(api, settings), request_id):
-                final = output
+            final = await self._generate_unless_closed(
+                engine, prompt, self._params(api, settings), request_id)
         except asyncio.CancelledError:
             # generate() aborts on cancellation itself; aborting again is harmless and
             # covers vLLM versions that only stop reading.
@@ -321,6 +322,39 @@ class VllmEngine(Engine):
 
         if final is None or not final.outputs:
             raise EngineUnavailable("the vLLM engine returned no output (shutting down?)")
+        return self._attempt_from(final, request_id)
+
+    async def _generate_unless_closed(self, engine: Any, prompt: dict, params: Any,
+                                      request_id: str) -> Any:
+        """The final output of one request, or EngineUnavailable once close() begins.
+
+        A request still in vLLM's input processing when it is aborted can miss the abort
+        and then never finish; after shutdown its stream would wait forever. So the
+        stream is consumed in a task that close() stops by setting `_closed`."""
+
+        async def consume() -> Any:
+            final = None
+            async for output in engine.generate(prompt, params, request_id):
+                final = output
+            return final
+
+        stream = asyncio.ensure_future(consume())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({stream, closed}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        finally:
+            closed.cancel()
+        if not stream.done():
+            stream.cancel()  # cancelling generate() aborts the request in vLLM
+            with contextlib.suppress(BaseException):
+                await stream
+            raise EngineUnavailable("the vLLM engine is shutting down")
+        return stream.result()
+
+    def _attempt_from(self, final: Any, request_id: str) -> Attempt:
         completion = final.outputs[0]
         reason = completion.finish_reason or "stop"
         if reason == "abort":
