@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_vllm_remote import SERVED_NAME, VllmServer  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+
+def probe(url: str) -> int | None:
+    """HTTP status of url, None while nothing listens."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
 
 
 def daemon_engine(cfg: EngineConfig) -> dict:
@@ -35,7 +48,13 @@ def test_three_page_pdf_through_the_vllm_engine(
     other = make_pdf(src / "other.pdf", [sentence_lines(9 + i, 3) for i in range(2)])
     with Daemon(tmp_path / "d", engine=engine, env=vllm_env,
                 schedule={"pages_in_flight": 4}) as d:
-        d.start(timeout=240)
+        d.start(wait_ready=False)
+        readyz = f"http://127.0.0.1:{d.port}/readyz"
+        seen = wait_for(lambda: probe(readyz), 120, "the metrics server to answer", every=0.05)
+        assert seen == 503, "ready before the engine loaded"  # the engine is still loading
+        wait_for(lambda: d.event("ready"), 240, "ready")
+        assert probe(readyz) == 200
+        assert d.event("engine_started")["seconds"] > 1  # it really was loading
         drop(three, d.inbox / "three.pdf")
         drop(other, d.inbox / "other.pdf")
         wait_for((d.outbox / "three.md").exists, 240, "three.md")
