@@ -109,3 +109,35 @@ def test_inotify_unavailable_falls_back_to_polling(tmp_path: Path, monkeypatch) 
     obs = Observers(lambda *a: None)
     assert obs.watch(box) is False
     assert not obs.alive(tmp_path)
+
+
+@pytest.mark.e2e
+def test_many_subfolders_polled_and_watched(tmp_path: Path) -> None:
+    """A deep, wide recursive tree: every file found, outputs mirror the tree, in both
+    watch modes."""
+    src = make_pdf(tmp_path / "a.pdf", [sentence_lines(72, 2)]).read_bytes()
+    for mode in ("polling", "inotify"):
+        root = tmp_path / mode
+        inbox = root / "inbox"
+        for i in range(300):
+            (inbox / f"dept{i % 10}" / f"year{i // 10}" / f"box{i}").mkdir(parents=True)
+        box = {"path": str(inbox), "outbox": str(root / "out"), "failed": str(root / "f"),
+               "on_success": "delete", "recursive": True, "watch": mode,
+               "quiet_seconds": 0.3}
+        wanted = [f"dept{i % 10}/year{i // 10}/box{i}/scan.pdf" for i in range(0, 300, 37)]
+        with Daemon(root, inboxes=[box]) as d:
+            d.start()
+            for rel in wanted:
+                tmp = inbox / (rel + ".part")
+                tmp.write_bytes(src)
+                tmp.rename(inbox / rel)
+            # a folder moved in with a file already inside (no event for the file)
+            staged = root / "staged" / "late"
+            staged.mkdir(parents=True)
+            (staged / "inside.pdf").write_bytes(src)
+            (root / "staged" / "late").rename(inbox / "late")
+            wanted.append("late/inside.pdf")
+            for rel in wanted:
+                md = root / "out" / rel.replace(".pdf", ".md")
+                wait_for(md.exists, 60, f"{mode}: {md}")
+        assert files_under(root / "f") == []
