@@ -19,7 +19,11 @@ import pytest
 
 from ocrd.config import EngineConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import VllmServer  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
+
 PLUGIN_DIR = HERE / "plugin"
 T = TypeVar("T")
 
@@ -130,3 +134,15 @@ def loop_thread() -> Iterator[LoopThread]:
     lt = LoopThread()
     yield lt
     lt.close()
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, vllm_env: dict[str, str],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    srv = VllmServer(model_dir, tmp_path_factory.mktemp("vllm-serve") / "server.log")
+    try:
+        srv.start()
+        print(f"\nvllm serve ready after {srv.wait_ready():.1f} s")
+        yield srv
+    finally:
+        srv.stop()

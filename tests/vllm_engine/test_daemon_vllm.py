@@ -5,19 +5,16 @@ including a server outage that files wait out."""
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
+from serve import SERVED_NAME, VllmServer
 
 from ocrd.config import EngineConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_vllm_remote import SERVED_NAME, VllmServer  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -78,18 +75,6 @@ def test_three_page_pdf_through_the_vllm_engine(
     spans_b = [(p["started_at"], p["finished_at"]) for p in other_meta["pages"]]
     overlap = [(a, b) for a in spans_a for b in spans_b if a[0] < b[1] and b[0] < a[1]]
     assert overlap, (spans_a, spans_b)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir: Path, vllm_env: dict[str, str],
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    srv = VllmServer(model_dir, tmp_path_factory.mktemp("vllm-serve-daemon") / "server.log")
-    try:
-        srv.start()
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
 
 
 def test_remote_engine_daemon_waits_out_a_server_outage(
