@@ -8,6 +8,7 @@ again outside the daemon (to drive an engine directly with exactly the daemon's 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -68,6 +69,58 @@ def pdf_bytes(pages: int, first_design: int = 0) -> bytes:
             for col in range(4):
                 c.rect(60 + col * 120, 180 - row * 20, 120, 20)
                 c.drawString(64 + col * 120, 186 - row * 20, f"{design * 10 + row}.{col}")
+        c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def _scan_jpeg(design: int, dpi: int, mode: str) -> bytes:
+    """A page design as a scanner would store it: rasterised, slightly soft, JPEG."""
+    import pypdfium2 as pdfium
+    from PIL import ImageFilter
+
+    doc = pdfium.PdfDocument(pdf_bytes(1, design))
+    img = doc[0].render(scale=dpi / 72).to_pil().convert(mode)
+    doc.close()
+    img = img.filter(ImageFilter.GaussianBlur(0.6))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=80)
+    return buf.getvalue()
+
+
+PAGE_KINDS = ("text", "text-embedded-font", "scan-gray-200dpi", "scan-color-300dpi")
+
+
+def mixed_pdf_bytes(pages: int, kinds: tuple[str, ...] = PAGE_KINDS) -> bytes:
+    """A PDF whose pages cycle through `kinds`: born-digital text (a standard font, an
+    embedded TrueType font) and scans (a grey 200 dpi and a colour 300 dpi JPEG per
+    page), as an office inbox receives them."""
+    from reportlab.lib.pagesizes import A4
+    from reportlab.lib.utils import ImageReader
+    from reportlab.pdfbase import pdfmetrics
+    from reportlab.pdfbase.ttfonts import TTFont
+    from reportlab.pdfgen import canvas
+
+    pdfmetrics.registerFont(TTFont("DejaVuSans", "DejaVuSans.ttf"))
+    scans: dict[tuple[str, int], bytes] = {}
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf, pagesize=A4, pageCompression=1)
+    for k in range(pages):
+        kind = kinds[k % len(kinds)]
+        design = (k // len(kinds)) % 8
+        if kind.startswith("scan"):
+            dpi, mode = (200, "L") if "gray" in kind else (300, "RGB")
+            key = (kind, design)
+            if key not in scans:
+                scans[key] = _scan_jpeg(design, dpi, mode)
+            c.drawImage(ImageReader(io.BytesIO(scans[key])), 0, 0, width=A4[0],
+                        height=A4[1])
+        else:
+            c.setFont("DejaVuSans" if "embedded" in kind else "Helvetica", 11)
+            y = 790
+            for line in design_lines(design, 40):
+                c.drawString(50, y, line)
+                y -= 18
         c.showPage()
     c.save()
     return buf.getvalue()
@@ -137,6 +190,20 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def _comm(pid: int) -> str:
+    """A short description of a process: its role for Python workers, else its name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(a.decode(errors="replace") for a in args if a)
+    for key in ("resource_tracker", "spawn_main", "ocrd run"):
+        if key in text:
+            return key
+    return os.path.basename(args[0].decode(errors="replace")) if args else "?"
+
+
 class TreeRss:
     """Samples the summed RSS of a process tree every `interval` seconds in a thread."""
 
@@ -145,6 +212,7 @@ class TreeRss:
         self.interval = interval
         self.peak = 0
         self.peak_procs = 0
+        self.peak_by_process: dict[str, float] = {}
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -159,9 +227,12 @@ class TreeRss:
 
     def sample(self) -> int:
         pids = tree_pids(self.pid)
-        total = sum(rss_bytes(p) for p in pids)
+        sizes = {p: rss_bytes(p) for p in pids}
+        total = sum(sizes.values())
         if total > self.peak:
             self.peak, self.peak_procs = total, len(pids)
+            self.peak_by_process = {f"{p} {_comm(p)}": round(n / 2**20, 1)
+                                    for p, n in sizes.items()}
         self.samples += 1
         return total
 
@@ -237,6 +308,29 @@ class DaemonProcess:
             if name is None or ev.get("event") == name:
                 out.append(ev)
         return out
+
+    def wait_markdown(self, n: int, timeout: float, every: float = 0.05) -> list[float]:
+        """wait_markdown() on the outbox, failing at once if the daemon dies. On a
+        timeout the daemon gets SIGABRT, so faulthandler writes every thread's stack to
+        its log, and the error carries the log's end."""
+        assert self.proc is not None
+        proc = self.proc
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited with {proc.returncode} before "
+                                   f"{n} Markdown files appeared:\n{self.log_text()[-3000:]}")
+            return len(markdown_files(self.outbox)) >= n
+
+        try:
+            wait_for(ready, timeout, f"{n} Markdown files in {self.outbox}", every)
+        except TimeoutError as e:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGABRT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
+            raise TimeoutError(f"{e}; daemon log ends:\n{self.log_text()[-6000:]}") from None
+        return sorted(e.stat().st_mtime for e in markdown_files(self.outbox))
 
     def stop(self, timeout: float = 60) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -150,7 +150,14 @@ class VllmConfig(_Strict):
     max_num_seqs: int = Field(default=100, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
-    # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true).
+    # Front-end processes that prepare page images (one prepares ~5 A4 pages/s). 1: the
+    # engine runs inside ocrd. N > 1: ocrd starts and supervises a local
+    # `vllm serve --api-server-count N` and feeds it over HTTP (ocrd/engines/managed.py).
+    api_servers: int = Field(default=1, ge=1)
+    # api_servers > 1: the local server's port on 127.0.0.1; 0 = a free port.
+    server_port: int = Field(default=0, ge=0, le=65535)
+    # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
+    # with api_servers > 1 they become `vllm serve` flags (enforce_eager → --enforce-eager).
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -169,8 +176,8 @@ class SimulatedConfig(_Strict):
     # (deterministically, from the document and page number)
     decode_steps: int = Field(default=24, ge=1)
     decode_jitter: float = Field(default=0.5, ge=0, lt=1)
-    # pages the daemon keeps in flight with this engine; 0 = max_batch plus a small
-    # queue, so that a freed batch place is refilled at the very next step
+    # pages the daemon keeps in flight with this engine; 0 = max_batch + 2, a small
+    # queue so that a freed batch place is refilled at the very next step
     concurrency: int = Field(default=0, ge=0)
     # answer every page at once (zero step time): measures the daemon's own overhead
     instant: bool = False

@@ -2,7 +2,8 @@
 
 The functions at the top run in worker processes (PDFium is not thread-safe, and
 decoding is CPU work that must stay off the event loop); `RenderPool` runs them there
-and survives a worker that crashes or hangs on a hostile file.
+and survives a worker that crashes or hangs on a hostile file. Rendered pixels come back
+through a file on tmpfs rather than the pool's pipe (see "Pixels between processes").
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ctypes
+import itertools
 import multiprocessing
 import os
 import stat
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from PIL import Image, ImageOps
@@ -58,6 +61,8 @@ class RenderedPage:
     height: int
     data: bytes
     dpi: float  # the dpi actually used (lower than asked for oversized pages)
+    # in a render worker: the tmpfs file that already holds the pixels (data is empty)
+    shared: str | None = field(default=None, compare=False, repr=False)
 
     def to_image(self) -> Image.Image:
         return Image.frombytes("RGB", (self.width, self.height), self.data)
@@ -65,6 +70,136 @@ class RenderedPage:
     def to_ppm(self) -> bytes:
         """Binary PPM: what tesseract reads from stdin without any encoding cost."""
         return b"P6\n%d %d\n255\n" % (self.width, self.height) + self.data
+
+    def __reduce__(self) -> tuple:
+        # In a render worker, large pixel data leaves through tmpfs (see below).
+        if self.shared is not None:
+            return (_from_shared, (self.index, self.width, self.height, self.dpi,
+                                   self.shared))
+        if _shared_tag is not None and len(self.data) >= SHARED_MIN_BYTES:
+            path = _to_shared(self.data)
+            if path is not None:
+                return (_from_shared, (self.index, self.width, self.height, self.dpi, path))
+        return (RenderedPage, (self.index, self.width, self.height, self.data, self.dpi))
+
+
+# ---------------------------------------------------------------------------------------
+# Pixels between processes
+#
+# An A4 page at 144 dpi is 6 MB of RGB. Returned through the process pool's pipe it is
+# copied in 64 KiB pieces, with a context switch each, by the one thread that reads all
+# results: ~10 ms a page, which capped the render workers well below what they render.
+# Instead the worker writes the pixels to a file on tmpfs (one write from PDFium's own
+# buffer) and the main process reads it in one call. The main process removes each file
+# as it unpickles the page; files left by a killed pool are removed with it, and
+# RemoveIPC= in the systemd unit removes any others.
+
+SHARED_DIR = "/dev/shm"
+SHARED_PREFIX = "ocrd-page-"
+SHARED_MIN_BYTES = 256 * 1024
+_shared_tag: str | None = None  # in a render worker: "<daemon pid>-<pool generation>"
+_shared_seq = itertools.count()
+
+
+def _init_worker(tag: str | None) -> None:
+    global _shared_tag
+    _shared_tag = tag
+
+
+def _to_shared(data: bytes | memoryview) -> str | None:
+    """Worker side: data in a new tmpfs file; None (use the pipe) if that fails."""
+    path = _shared_path()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:  # tmpfs full: the pipe still works
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    finally:
+        os.close(fd)
+    return path
+
+
+def _shared_path() -> str:
+    return f"{SHARED_DIR}/{SHARED_PREFIX}{_shared_tag}-{os.getpid()}-{next(_shared_seq)}"
+
+
+# A render worker's pixel buffer for PDFium, kept between pages: a fresh 6 MB buffer per
+# page costs as much in page faults as rendering a text page. Pages larger than this
+# get a buffer of their own, so one huge page does not pin its size in every worker.
+SCRATCH_MAX_BYTES = 64 * 2**20
+_scratch: Any = None
+
+
+def _scratch_bitmap(width: int, height: int, format: int, rev_byteorder: bool = False) -> Any:
+    """Worker side: a PDFium bitmap maker that renders into the reused buffer."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    global _scratch
+    size = width * height * 3
+    if format != pdfium_c.FPDFBitmap_BGR or size > SCRATCH_MAX_BYTES:
+        return pdfium.PdfBitmap.new_native(width, height, format, rev_byteorder)
+    if _scratch is None or len(_scratch) < size:
+        _scratch = (ctypes.c_ubyte * size)()
+    return pdfium.PdfBitmap.new_native(width, height, format, rev_byteorder,
+                                       buffer=_scratch, stride=width * 3)
+
+
+def _from_shared(index: int, width: int, height: int, dpi: float, path: str) -> RenderedPage:
+    """Main side (unpickling a worker's page): read the file and remove it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.unlink(path)
+        size = width * height * 3
+        data = os.read(fd, size)
+        if len(data) < size:  # a short read: rare, but allowed
+            chunks = [data]
+            got = len(data)
+            while got < size and (more := os.read(fd, size - got)):
+                chunks.append(more)
+                got += len(more)
+            data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    return RenderedPage(index, width, height, data, dpi)
+
+
+def _shared_dir_usable() -> bool:
+    return os.path.isdir(SHARED_DIR) and os.access(SHARED_DIR, os.W_OK | os.X_OK)
+
+
+def _remove_shared(prefix: str, only_dead_owners: bool = False) -> None:
+    """Remove page files whose names start with prefix (of dead daemons only, if asked)."""
+    try:
+        names = os.listdir(SHARED_DIR)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        if only_dead_owners:
+            owner = name[len(SHARED_PREFIX):].split("-", 1)[0]
+            if not owner.isdigit() or _alive(int(owner)):
+                continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHARED_DIR, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,12 +432,33 @@ def _render_pdfium(path: str, index: int, dpi: float, max_pixels: int) -> Render
         page = doc[index]
         w, h = page.get_size()
         dpi = _fit_dpi(w, h, dpi, max_pixels)
-        bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True)
-        img = bitmap.to_pil()
+        maker = {"bitmap_maker": _scratch_bitmap} if _shared_tag is not None else {}
+        bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
+                             **maker)
+        if bitmap.mode != "RGB":
+            img = bitmap.to_pil()
+            page.close()
+            return _pack(img, index, dpi)
+        # Straight from PDFium's buffer: going through Pillow (3 → 4 → 3 bytes a pixel)
+        # cost as much as rendering a text page.
+        width, height, stride = bitmap.width, bitmap.height, bitmap.stride
+        view = memoryview(bitmap.buffer).cast("B")
+        shared = None
+        if stride == width * 3 and _shared_tag is not None:
+            shared = _to_shared(view[:stride * height])
+        raw = b"" if shared is not None else _rgb_rows(view, width, height, stride)
         page.close()
+        return RenderedPage(index, width, height, raw, dpi, shared=shared)
     except pdfium.PdfiumError as e:
         raise errors.RenderFailed(f"page {index + 1} cannot be rendered: {e}") from None
-    return _pack(img, index, dpi)
+
+
+def _rgb_rows(buf: memoryview, width: int, height: int, stride: int) -> bytes:
+    """Packed RGB rows from a buffer whose rows may be padded to `stride` bytes."""
+    row = width * 3
+    if stride == row:
+        return bytes(buf[:row * height])
+    return b"".join(buf[y * stride:y * stride + row] for y in range(height))
 
 
 def _render_poppler(path: str, index: int, dpi: float, max_pixels: int) -> RenderedPage:
@@ -389,15 +545,27 @@ class RenderPool:
         self.timeout = timeout
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._generation = 0
+        self._shared = _shared_dir_usable()
+        # unique per pool object too: the daemon runs two pools (render and probe)
+        self._tag = f"{os.getpid()}-{id(self):x}"
+
+    def _shared_prefix(self, generation: int | None = None) -> str:
+        gen = "" if generation is None else f"{generation}-"
+        return f"{SHARED_PREFIX}{self._tag}-{gen}"
 
     def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
+            generation = self._generation + 1
+            tag = f"{self._tag}-{generation}" if self._shared else None
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
-            self._generation += 1
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker, initargs=(tag,))
+            self._generation = generation
         return self._pool
 
     async def start(self) -> None:
+        if self._shared:  # page files a crashed daemon left behind
+            await asyncio.to_thread(_remove_shared, SHARED_PREFIX, True)
         pool = self._ensure()
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(pool, _warm) for _ in range(self.workers)))
@@ -412,6 +580,8 @@ class RenderPool:
             with contextlib.suppress(Exception):
                 proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
+        if self._shared:  # pages the killed workers wrote that nobody will read
+            _remove_shared(self._shared_prefix(generation))
 
     async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
         loop = asyncio.get_running_loop()
@@ -441,4 +611,6 @@ class RenderPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._shared:
+            _remove_shared(self._shared_prefix())
 

@@ -17,7 +17,7 @@ import io
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -178,6 +178,15 @@ class Converter:
             self.pending -= 1
             self._progress()
 
+        async def render(i: int) -> pages.RenderedPage:
+            return await self.pool.call(
+                pages.render_page, str(src.path), info, i, self.cfg.render.dpi,
+                self.cfg.limits.max_pixels)
+
+        # Grounding output is cropped for figures afterwards, so its engine's pages keep
+        # their image; other pages are held here only until the engine takes them.
+        keep_image = self.engine.output_format == "grounding"
+
         async def one(i: int) -> None:
             # Counted here, not where the loop below takes the look-ahead token: a task
             # cancelled before it starts never runs its finally.
@@ -185,31 +194,42 @@ class Converter:
             held = True
             try:
                 t = time.time()
-                rendered = await self.pool.call(
-                    pages.render_page, str(src.path), info, i, self.cfg.render.dpi,
-                    self.cfg.limits.max_pixels)
-                image = rendered.to_image()
-                # Keep the size, drop the raw copy of the pixels: the image holds its own,
-                # and two copies per page in flight would double the pipeline's memory.
-                rendered = replace(rendered, data=b"")
+                rendered = await render(i)
                 render_s = time.time() - t
-                req = PageRequest(image=image, page_no=i + 1, doc_id=src.sha256 or src.name,
-                                  prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
-                                  custom_prompt=src.custom_prompt)
+                size = replace(rendered, data=b"")  # what the sidecar needs
+                # A page waits for its slot as packed RGB (a Pillow RGB image takes a
+                # third more) and becomes an image when handed to the engine. The
+                # pipeline then keeps no reference while the engine works (a GPU engine
+                # keeps tensors, not pixels; a retry renders the page again), so pages
+                # in the engine cost the pipeline no memory.
+                waiting = [rendered]
+                del rendered
+                kept: list[Any] = []
+
+                async def request() -> PageRequest:
+                    page = waiting.pop() if waiting else await render(i)
+                    req = PageRequest(image=page.to_image(), page_no=i + 1,
+                                      doc_id=src.sha256 or src.name,
+                                      prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
+                                      custom_prompt=src.custom_prompt)
+                    if keep_image:
+                        kept[:] = [req.image]
+                    return req
+
                 await self.slots.acquire(doc_key, src.order)
                 held = False
                 moved_on()
                 if self.metrics:
                     self.metrics.pages_in_flight.inc()
                 try:
-                    out = await self._ocr(req, blog)
+                    out = await self._ocr(request, i + 1, blog)
                 finally:
                     self.slots.release(doc_key)
                     self._progress()
                     if self.metrics:
                         self.metrics.pages_in_flight.dec()
-                results[i] = await self._page_result(i, out, image, rendered, render_s,
-                                                     staging, assets_link)
+                results[i] = await self._page_result(i, out, kept[0] if kept else None,
+                                                     size, render_s, staging, assets_link)
                 blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
                            tokens=out.tokens, finish=out.finish_reason)
             finally:
@@ -225,14 +245,20 @@ class Converter:
             raise _first(eg) from None
         return results
 
-    async def _ocr(self, req: PageRequest, blog: Any) -> PageOutput:
+    async def _ocr(self, request: Callable[[], Awaitable[PageRequest]], page_no: int,
+                   blog: Any) -> PageOutput:
+        """The engine's output for one page; `request()` gives the page's request (the
+        rendered one first, a fresh one for each retry)."""
         sched = self.cfg.schedule
         failures = 0
         while True:
             await self.gate.open.wait()
+            # Held in a list and popped into the call, so that no local variable of
+            # this frame keeps the page image alive while the engine works on it.
+            page = [await request()]
             try:
                 async with asyncio.timeout(sched.page_timeout_seconds):
-                    return await self.engine.ocr(req)
+                    return await self.engine.ocr(page.pop())
             except errors.EngineUnavailable as e:
                 await self.gate.wait(e)
             except (errors.EngineDead, asyncio.CancelledError):
@@ -240,11 +266,11 @@ class Converter:
             except Exception as e:  # noqa: BLE001 - the engine's failure, counted per page
                 failures += 1
                 detail = "timed out" if isinstance(e, TimeoutError) else f"{e}"
-                blog.warning("page_engine_error", page=req.page_no, attempt=failures,
+                blog.warning("page_engine_error", page=page_no, attempt=failures,
                              error=detail or type(e).__name__)
                 if failures > sched.page_retries:
                     raise errors.EngineFailed(
-                        f"page {req.page_no}: the engine failed {failures} times "
+                        f"page {page_no}: the engine failed {failures} times "
                         f"(last: {detail or type(e).__name__})") from None
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** failures))
 

@@ -197,7 +197,12 @@ class Scheduler:
                 await asyncio.sleep(0)
             timeout = None
             if self._heap and self.active:
-                timeout = max(0.01, self._batch_close.get(self._heap[0].batch, 0) - self.clock())
+                # Only an open window passes with time; once it has closed, what lets a
+                # document start is an event (one finishes, room appears, a submit):
+                # no need to poll every 10 ms behind a long queue.
+                wait = self._batch_close.get(self._heap[0].batch, 0) - self.clock()
+                if wait > 0:
+                    timeout = max(0.01, wait)
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
             # cancellation that stops this loop when it races with the event
             with contextlib.suppress(TimeoutError):

@@ -191,6 +191,8 @@ class Daemon:
         await asyncio.gather(self.pool.start(), self.probe_pool.start())
 
         self.engine = create_engine(cfg.engine)
+        if self.engine.kind != "vllm":
+            _keep_rss_near_live_memory()
         self.metrics.build.info({"version": self.metrics_version(), "engine": self.engine.kind,
                                  "model": self.engine.model})
         await self._start_engine()
@@ -369,6 +371,7 @@ class Daemon:
         self.slots.resize(new.schedule.pages_in_flight or self.slots.n)
         self.scheduler.max_active = new.schedule.max_active_documents
         self.scheduler.room_limit = new.schedule.max_active_documents + self.slots.n
+        self.scheduler.poke()  # a larger max_active may let queued documents start now
         keep_engine, keep_render = self.cfg.engine, self.cfg.render
         self.cfg = new.model_copy(update={"engine": keep_engine, "render": keep_render})
         self.converter.cfg = self.cfg
@@ -893,6 +896,22 @@ def _remove_empty(folder: Path, stop: Path) -> None:
         while folder != stop and folder.is_dir():
             folder.rmdir()
             folder = folder.parent
+
+
+def _keep_rss_near_live_memory() -> None:
+    """Page images (6–8 MB each) are allocated and freed all the time. After the first
+    such free glibc raises its mmap threshold and serves them from its heaps, which keep
+    freed memory: the daemon's RSS then sat 20–50 MB above what was live on a long
+    PDF (bench/run.py, memory). A fixed threshold keeps large buffers mmapped, returned
+    to the system when freed. Not with the in-process vLLM engine: its image processing
+    is the bottleneck there, and would pay page faults for every tensor."""
+    import ctypes
+
+    m_mmap_threshold = -3
+    try:
+        ctypes.CDLL(None).mallopt(m_mmap_threshold, 1 << 20)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
 
 def run(config_path: Path) -> int:

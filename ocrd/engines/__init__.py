@@ -58,6 +58,11 @@ def _create(cfg: EngineConfig) -> Engine:
 
         return TesseractEngine(cfg)
     if kind == "vllm":
+        if cfg.vllm.api_servers > 1:
+            # several front-end processes: a local `vllm serve` that ocrd supervises
+            from .managed import ManagedServerEngine
+
+            return ManagedServerEngine(cfg)
         from .vllm import VllmEngine
 
         return VllmEngine(cfg)

@@ -90,8 +90,8 @@ class SimulatedEngine(Engine):
         # A small queue beyond the batch: when a page finishes, the next one is already
         # waiting inside the engine and joins at the very next step, instead of after a
         # round trip through the caller (which would leave a place empty for a step).
-        self.max_concurrency = self.cfg.concurrency or \
-            self.cfg.max_batch + max(2, self.cfg.max_batch // 4)
+        # Two suffice (pages finish a few per step); more would only hold more images.
+        self.max_concurrency = self.cfg.concurrency or self.cfg.max_batch + 2
         self.stats = SimulatedStats()
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
@@ -124,6 +124,7 @@ class SimulatedEngine(Engine):
         loop = asyncio.get_running_loop()
         req = _Request(page.image, page.page_no, page.doc_id, steps, loop.create_future(),
                        loop, time.time())
+        del page  # the image is the stepping loop's now, and dropped after prefill
         with self._cond:
             self._queue.append(req)
             self._cond.notify()
