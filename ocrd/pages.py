@@ -101,9 +101,27 @@ _shared_tag: str | None = None  # in a render worker: "<daemon pid>-<pool genera
 _shared_seq = itertools.count()
 
 
-def _init_worker(tag: str | None) -> None:
+def _init_worker(tag: str | None, parent: int | None = None) -> None:
     global _shared_tag
     _shared_tag = tag
+    if parent is not None:
+        _die_with_parent(parent)
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker must not outlive the daemon: when the daemon is SIGKILLed (the OOM
+    killer, a test) outside systemd's cgroup clean-up, its workers would otherwise wait
+    on their queue forever. Linux only; elsewhere a no-op."""
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the daemon died before the signal was armed
+        os._exit(1)
 
 
 def _to_shared(data: bytes | memoryview) -> str | None:
@@ -559,7 +577,7 @@ class RenderPool:
             tag = f"{self._tag}-{generation}" if self._shared else None
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(tag,))
+                initializer=_init_worker, initargs=(tag, os.getpid()))
             self._generation = generation
         return self._pool
 
