@@ -1,0 +1,755 @@
+"""DeepSeek-OCR-2 on one GPU: vLLM alone against ocrd end to end, side by side.
+
+    bash bench/gpu_run.sh all          # on the GPU machine (installs the carried bundle)
+    python bench/gpu.py PHASE ...      # one phase (the script above runs them in order)
+    python bench/gpu.py all --tiny     # dry run on a CPU with the tests' tiny model
+
+Full-size DeepSeek-OCR-2 architecture, dummy weights (`load_format=dummy`), so every
+page generates exactly T output tokens (ignore_eos for vLLM alone; the benchmark-only
+logits processor bench.gpu_lp:BanEos for the daemon's requests). Every page is a
+different A4 image (1190×1684 at 144 dpi → 2×3 tiles, 1121 image tokens). Phases:
+
+  offline   vLLM alone: `LLM.generate` of all pages at once (the baseline), the cost of
+            preparing one page on the front-end thread (A4 and at the tile grid's size),
+            and GPU-only ceilings: pages prepared untimed, then decoded with no n-gram
+            ban, with ocrd's n-gram ban, and with vLLM's.
+  managed   ocrd's daemon with engine.vllm.api_servers=N (a supervised local
+            `vllm serve --api-server-count N`): a plain HTTP client straight to that server
+            (the direct configuration), then PDFs dropped into the inbox until every .md
+            exists, one-page latency on the idle daemon, a killed server restarted by the
+            supervisor, a clean stop with no process left.
+  inproc    ocrd's daemon with the in-process engine (api_servers: 1).
+  report    the table and the ratios from the phases' JSON files.
+
+Results go to OUT (default /tmp/gpu-out) as results_PHASE.json; bench/GPU_RESULTS.md
+records what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPT = "<image>\n<|grounding|>Convert the document to markdown. "
+A4 = (1190, 1684)  # 144 dpi
+GRID = (1536, 2304)  # the 2×3 grid of 768 px tiles that an A4 page is resized to
+VOCAB = 129280
+NGRAM_ARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}
+SERVER_PORT = 8765
+VLLM_NGRAM = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+FAST_NGRAM = "bench.gpu_lp:FastNGramPerReqLogitsProcessor"
+BAN_EOS = "bench.gpu_lp:BanEos"
+ENV = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1",
+}
+
+
+# ---- sizes: GPU or the tiny CPU dry run ------------------------------------------------
+
+def sizes(tiny: bool) -> dict[str, Any]:
+    if tiny:
+        return {"T": 16, "baseline_pages": 8, "ceiling_pages": 8, "prerender": 4,
+                "direct_pages": 8, "ocrd_pages": 8, "inproc_pages": 8, "per_file": 4,
+                "latency_n": 2, "max_num_seqs": 4, "api_servers": 2, "timeout": 600}
+    return {"T": 1024, "baseline_pages": 256, "ceiling_pages": 256, "prerender": 16,
+            "direct_pages": 384, "ocrd_pages": 384, "inproc_pages": 256, "per_file": 8,
+            "latency_n": 3, "max_num_seqs": 256, "api_servers": 8, "timeout": 400}
+
+
+def engine_settings(tiny: bool, model: Path) -> dict[str, Any]:
+    """EngineConfig fields shared by the daemon phases (recipe settings, 1024 tokens)."""
+    s = sizes(tiny)
+    vllm: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 8192,
+                            "gpu_memory_utilization": 0.85, "max_num_seqs": s["max_num_seqs"]}
+    engine_args: dict[str, Any] = {"load_format": "dummy", "seed": 0}
+    if tiny:
+        from tests.vllm_engine.conftest import TINY_ENGINE_ARGS, TINY_VLLM
+
+        vllm.update(TINY_VLLM)
+        engine_args.update(TINY_ENGINE_ARGS)
+    vllm["engine_args"] = engine_args
+    # max_tokens=T with EOS banned: "length" every time, which is no loop here
+    return {"kind": "vllm", "model": str(model), "max_tokens": s["T"], "loop_retries": 0,
+            "request_timeout_seconds": 900, "vllm": vllm}
+
+
+def tiny_env() -> dict[str, str]:
+    from tests.vllm_engine.conftest import ENV as TINY
+    from tests.vllm_engine.conftest import PLUGIN_DIR
+
+    return {**TINY, "PYTHONPATH": os.pathsep.join(
+        [str(PLUGIN_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+# ---- inputs ----------------------------------------------------------------------------
+
+def build_model(out: Path) -> Path:
+    """Full-size DeepSeek-OCR-2 config (as deepseek-ai/DeepSeek-OCR-2, no head_dim: the
+    guard must supply it) and a tokenizer with all 129,280 ids, so that generated ids
+    detokenize like real ones (the CPU tests' tokenizer has ~400)."""
+    from transformers import LlamaTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    bos, eos, unk, pad = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<unk>",
+                          "<｜▁pad▁｜>")
+    special = ["<image>", "<|grounding|>", "<|ref|>", "<|/ref|>", "<|det|>", "<|/det|>"]
+    vocab = {unk: 0, bos: 1, eos: 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in ["▁"] + [chr(c) for c in range(33, 127)]:
+        vocab.setdefault(ch, len(vocab))
+    i = 0
+    while len(vocab) < VOCAB - 1 - len(special):
+        vocab[f"▁w{i}"] = len(vocab)
+        i += 1
+    tok = LlamaTokenizerFast(vocab=vocab, merges=[], bos_token=bos, eos_token=eos,
+                             unk_token=unk, add_bos_token=True, add_eos_token=False,
+                             legacy=False, add_prefix_space=False)
+    tok.add_special_tokens({"pad_token": pad, "additional_special_tokens": special})
+    tok.model_max_length = 8192
+    assert len(tok) == VOCAB, len(tok)
+    tok.save_pretrained(str(out))
+    text = {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "vocab_size": VOCAB, "hidden_size": 1280, "intermediate_size": 6848,
+        "moe_intermediate_size": 896, "num_hidden_layers": 12, "num_attention_heads": 10,
+        "num_key_value_heads": 10, "kv_lora_rank": None, "q_lora_rank": None,
+        "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0, "use_mla": False,
+        "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "topk_method": "greedy",
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1,
+        "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    config = {
+        "architectures": ["DeepseekOCR2ForCausalLM"], "model_type": "deepseek_vl_v2",
+        "candidate_resolutions": [[1024, 1024]], "global_view_pos": "head",
+        "tile_tag": "2D", "language_config": text,
+        "projector_config": {"model_type": "mlp_projector", "projector_type": "linear",
+                             "input_dim": 896, "n_embed": 1280},
+        "vision_config": {"image_size": 1024, "model_type": "vision", "width": 896},
+        "vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def page_image(seed: int, size: tuple[int, int] = A4) -> Any:
+    """A document-like page: dark 'words' on lines, with a unique stamp per seed."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    w, h = size
+    rng = np.random.default_rng(seed % 64)
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    s = w / A4[0]
+    y = int(80 * s)
+    while y < h - 80 * s:
+        x = int(80 * s)
+        while x < w - 120 * s:
+            ww = int(rng.integers(20, 110) * s)
+            d.rectangle([x, y, x + ww, y + int(14 * s)],
+                        fill=tuple(int(v) for v in rng.integers(0, 90, 3)))
+            x += ww + int(rng.integers(8, 20) * s)
+        y += int((24 + int(rng.integers(0, 10))) * s)
+    d.rectangle([8, 8, 72, 40], fill=(seed % 251, (seed // 251) % 251, 7))
+    d.rectangle([w - 72, h - 40, w - 8, h - 8], fill=(200, seed % 241, (seed // 241) % 241))
+    return img
+
+
+def _write_pdf(job: tuple[str, list[int]]) -> str:
+    path, seeds = job
+    pages = [page_image(s) for s in seeds]
+    pages[0].save(path, "PDF", save_all=True, append_images=pages[1:], resolution=144.0)
+    return path
+
+
+def make_pdfs(folder: Path, n_pages: int, per_file: int, seed0: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for k, first in enumerate(range(0, n_pages, per_file)):
+        seeds = [seed0 + first + j for j in range(min(per_file, n_pages - first))]
+        jobs.append((str(folder / f"doc{seed0}_{k:04d}.pdf"), seeds))
+    with multiprocessing.Pool(min(16, os.cpu_count() or 2)) as pool:
+        return [Path(p) for p in pool.map(_write_pdf, jobs)]
+
+
+def _data_url(job: tuple[int, tuple[int, int]]) -> str:
+    from ocrd.engines.remote import image_data_url
+
+    return image_data_url(page_image(job[0], job[1]))
+
+
+def data_urls(seeds: range, size: tuple[int, int] = A4) -> list[str]:
+    """Pages as ocrd sends them (PNG data URLs), made before any timing."""
+    with multiprocessing.Pool(min(16, os.cpu_count() or 2)) as pool:
+        return pool.map(_data_url, [(s, size) for s in seeds])
+
+
+# ---- measuring helpers -------------------------------------------------------------------
+
+class GpuMemory:
+    """Peak GPU memory in use (nvidia-smi, every 0.5 s) while a phase runs."""
+
+    def __init__(self) -> None:
+        self.peak: int | None = None
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def used() -> int | None:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=10).stdout
+            return int(out.split()[0])
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+            return None
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(0.5):
+            used = self.used()
+            if used is not None:
+                self.samples.append((round(time.monotonic() - t0, 1), used))
+                self.peak = max(self.peak or 0, used)
+
+    def __enter__(self) -> GpuMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def gpu_processes() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def session_processes(sessions: set[int]) -> list[str]:
+    """Live processes (not zombies) in the given sessions: what our daemon (its own
+    session) and its vLLM server (another one) left behind. Nothing else is touched."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[-1].split()
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if stat[0] != "Z" and int(stat[3]) in sessions:
+            found.append(f"{entry.name} {cmd.decode(errors='replace')[:160]}")
+    return found
+
+
+def save(out: Path, phase: str, data: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"results_{phase}.json").write_text(json.dumps(data, indent=1))
+
+
+def row(name: str, pages: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    r = {"config": name, "pages": pages, "wall_s": round(seconds, 2),
+         "pages_per_s": round(pages / seconds, 3) if seconds > 0 else None, **extra}
+    print("ROW", json.dumps(r), flush=True)
+    return r
+
+
+# ---- phase: vLLM alone -----------------------------------------------------------------
+
+def phase_offline(args: argparse.Namespace) -> None:
+    s = sizes(args.tiny)
+    T = s["T"]
+    env = tiny_env() if args.tiny else {}
+    os.environ.update(env)
+    if args.tiny:
+        sys.path.insert(0, env["PYTHONPATH"].split(os.pathsep)[0])
+    result: dict[str, Any] = {"phase": "offline", "rows": [], "T": T}
+    t0 = time.perf_counter()
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from ocrd.engines.vllm import HeadDimGuard
+
+    result["vllm"] = vllm.__version__
+    result["import_s"] = round(time.perf_counter() - t0, 1)
+    settings = engine_settings(args.tiny, args.model)["vllm"]
+    kwargs = {**{k: v for k, v in settings.items() if k != "engine_args"},
+              **settings["engine_args"]}
+    guard = HeadDimGuard()
+    with GpuMemory() as mem:
+        t0 = time.perf_counter()
+        llm = LLM(model=str(args.model), enable_prefix_caching=False, mm_processor_cache_gb=0,
+                  limit_mm_per_prompt={"image": 1}, hf_overrides=guard,
+                  logits_processors=["bench.gpu_lp:VllmNGramIfAsked",
+                                     "bench.gpu_lp:FastNGramIfAsked"], **kwargs)
+        result["engine_start_s"] = round(time.perf_counter() - t0, 1)
+        result["gpu_mem_after_start_mib"] = GpuMemory.used()
+        eng = llm.llm_engine
+        try:
+            result["head_size"] = eng.model_config.get_head_size()
+            result["kv_cache_blocks"] = eng.vllm_config.cache_config.num_gpu_blocks
+        except Exception:  # noqa: BLE001 - informational
+            pass
+        print("ENGINE", json.dumps(result), flush=True)
+
+        def requests(seed0: int, n: int, size: tuple[int, int] = A4) -> list[dict]:
+            return [{"prompt": PROMPT, "multi_modal_data": {"image": page_image(seed0 + i, size)}}
+                    for i in range(n)]
+
+        def params(t: int, ngram: str | None = None, final_only: bool = False) -> Any:
+            extra = {**NGRAM_ARGS, "bench_ngram": ngram} if ngram else None
+            kind = {"output_kind": RequestOutputKind.FINAL_ONLY} if final_only else {}
+            return SamplingParams(temperature=0, max_tokens=t, ignore_eos=True,
+                                  detokenize=True, skip_special_tokens=False, extra_args=extra,
+                                  **kind)
+
+        def generate(name: str, reqs: list[dict], t: int) -> None:
+            t0 = time.perf_counter()
+            outs = llm.generate(reqs, params(t), use_tqdm=False)
+            dt = time.perf_counter() - t0
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            result["rows"].append(row(name, len(reqs), dt, T=t, out_tokens=tokens,
+                                      prompt_tokens=len(outs[0].prompt_token_ids)))
+            save(args.out, "offline", result)
+
+        only = set(args.only.split(",")) if args.only else None
+        generate("warmup", requests(10_000, 8), 32)
+        if not only or "baseline" in only:
+            generate("vllm_offline_all_at_once", requests(20_000, s["baseline_pages"]), T)
+
+        # The front end's own cost per page: vLLM's input processing, A4 and grid-sized.
+        renderer = eng.renderer
+        prepared = {}
+        for label, size in (("a4", A4), ("grid", GRID)):
+            reqs = requests(30_000, s["prerender"], size)
+            t0 = time.perf_counter()
+            prepared[label] = renderer.render_cmpl(reqs)
+            ms = (time.perf_counter() - t0) / len(reqs) * 1000
+            result[f"frontend_ms_per_page_{label}"] = round(ms, 1)
+            print(f"FRONTEND {label} {ms:.1f} ms/page", flush=True)
+        save(args.out, "offline", result)
+
+        def decode_prepared(name: str, n: int, ngram: str | None) -> None:
+            """GPU-only: inputs prepared untimed, copies with their own hashes (so the
+            vision encoder runs for every page), all submitted at once."""
+            base = prepared["a4"]
+            sp = params(T, ngram, final_only=True)
+            outs = []
+            t0 = time.perf_counter()
+            for i in range(n):
+                item = dict(base[i % len(base)])
+                item["mm_hashes"] = {"image": [f"{name}-{i}"]}
+                item["arrival_time"] = time.time()
+                eng.add_request(f"{name}-{i}", item, sp)
+            while eng.has_unfinished_requests():
+                outs += [o for o in eng.step() if o.finished]
+            dt = time.perf_counter() - t0
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            result["rows"].append(row(name, n, dt, T=T, out_tokens=tokens,
+                                      ngram=ngram or "none"))
+            save(args.out, "offline", result)
+
+        for ngram, label in ((None, "no"), ("fast", "ocrd"), ("vllm", "vllm")):
+            if not only or f"ceiling_{label}" in only:
+                decode_prepared(f"gpu_only_ceiling_{label}_ngram", s["ceiling_pages"], ngram)
+    result["gpu_mem_peak_mib"] = mem.peak
+    save(args.out, "offline", result)
+    print("OFFLINE", json.dumps(result), flush=True)
+    try:
+        eng.engine_core.shutdown()
+    except Exception as e:  # noqa: BLE001
+        print("shutdown:", repr(e))
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's slow teardown
+
+
+# ---- the daemon ------------------------------------------------------------------------
+
+class Daemon:
+    """`ocrd run` as a subprocess in its own session; JSON log to a file."""
+
+    def __init__(self, root: Path, engine: dict, env: dict[str, str],
+                 quiet_seconds: float) -> None:
+        self.root = root
+        shutil.rmtree(root, ignore_errors=True)
+        self.inbox, self.outbox, self.failed = root / "in", root / "out", root / "failed"
+        for d in (self.inbox, self.outbox):
+            d.mkdir(parents=True)
+        self.config = {
+            "state_dir": str(root / "state"),
+            "drain_timeout_seconds": 5,  # a benchmark stopped early need not drain
+            "engine": engine,
+            "metrics": {"listen": "127.0.0.1:9464"},
+            "log": {"level": "info", "format": "json"},
+            "inboxes": [{"path": str(self.inbox), "outbox": str(self.outbox),
+                         "failed": str(self.failed), "on_success": "delete",
+                         "quiet_seconds": quiet_seconds}],
+        }
+        self.env = env
+        self.log_path = root / "daemon.log"
+        self.proc: subprocess.Popen | None = None
+        self._events: list[dict] = []
+        self._offset = 0
+
+    def remember_sessions(self) -> set[int]:
+        """Our daemon's session and its vLLM servers' ones, also in WORK/sessions.txt for
+        `gpu.py cleanup` (the daemon and the server start their own sessions, which
+        outlive a killed benchmark)."""
+        sessions = {self.proc.pid} if self.proc else set()
+        sessions |= {e["pid"] for e in self.events("vllm_server_starting") if "pid" in e}
+        with open(self.root.parent.parent / "sessions.txt", "a") as f:
+            f.write("".join(f"{pid}\n" for pid in sorted(sessions)))
+        return sessions
+
+    def start(self) -> float:
+        import yaml
+
+        (self.root / "config.yaml").write_text(yaml.safe_dump(self.config))
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.t_start = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ocrd", "run", "-c", str(self.root / "config.yaml")],
+            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env}, start_new_session=True)
+        logf.close()
+        self.remember_sessions()
+        return self.t_start
+
+    def events(self, name: str) -> list[dict]:
+        with open(self.log_path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        cut = data.rfind(b"\n") + 1
+        self._offset += cut
+        for line in data[:cut].splitlines():
+            if line.startswith(b"{"):
+                try:
+                    self._events.append(json.loads(line))
+                except ValueError:
+                    pass
+        return [e for e in self._events if e.get("event") == name]
+
+    def wait_event(self, name: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.events(name)
+            if found:
+                return found[-1]
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited ({self.proc.returncode}) before {name}:\n"
+                                   + self.log_path.read_text(errors="replace")[-4000:])
+            time.sleep(0.2)
+        raise TimeoutError(f"no {name} within {timeout} s")
+
+    def drop(self, pdfs: list[Path]) -> float:
+        """Copy finished files in the way a scanner does (write, close): the close event
+        lets them through at once."""
+        t0 = time.monotonic()
+        for p in pdfs:
+            (self.inbox / p.name).write_bytes(p.read_bytes())
+        return t0
+
+    def wait_outputs(self, names: list[str], timeout: float) -> float:
+        """monotonic time when the last NAME.md appeared (polled every 20 ms)."""
+        want = {Path(n).stem + ".md" for n in names}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            have = {p.name for p in self.outbox.glob("*.md")}
+            if want <= have:
+                return time.monotonic()
+            if self.failed.exists() and any(self.failed.iterdir()):
+                raise RuntimeError(f"files failed: {sorted(os.listdir(self.failed))[:5]}")
+            time.sleep(0.02)
+        raise TimeoutError(f"{len(want - have)} of {len(want)} outputs missing "
+                           f"after {timeout} s")
+
+    def stop(self, timeout: float = 120) -> float:
+        t0 = time.monotonic()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+
+
+def end_sessions(sessions: set[int]) -> list[str]:
+    """SIGKILL what is left of our own daemon's and server's sessions; what was left."""
+    left = session_processes(sessions)
+    for line in left:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    return left
+
+
+async def direct_http(url: str, model: str, urls: list[str], t: int,
+                      concurrency: int) -> tuple[float, list[float]]:
+    """All pages to `vllm serve` with a plain client: the same requests ocrd sends."""
+    from ocrd.engines.remote import http_request
+
+    bodies = [json.dumps({
+        "model": model, "temperature": 0.0, "max_tokens": t, "skip_special_tokens": False,
+        "vllm_xargs": NGRAM_ARGS,
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": u}},
+            {"type": "text", "text": PROMPT.removeprefix("<image>\n")}]}],
+    }).encode() for u in urls]
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+
+    async def one(body: bytes) -> None:
+        async with sem:
+            t1 = time.monotonic()
+            resp = await http_request(url + "/chat/completions", "POST", body,
+                                      {"Content-Type": "application/json"}, timeout=900)
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {resp.error_text()}")
+            latencies.append(time.monotonic() - t1)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(b) for b in bodies))
+    return time.monotonic() - t0, latencies
+
+
+def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
+    s = sizes(args.tiny)
+    T = s["T"]
+    phase = "managed" if api_servers > 1 else "inproc"
+    env = tiny_env() if args.tiny else {"PYTHONPATH": os.pathsep.join(
+        [os.environ.get("PYTHONPATH", ""), str(ROOT)])}
+    engine = engine_settings(args.tiny, args.model)
+    engine["vllm"]["api_servers"] = api_servers
+    engine["vllm"]["server_port"] = SERVER_PORT
+    ngram = FAST_NGRAM if args.fast_ngram else VLLM_NGRAM  # the recipe's by default
+    engine["vllm"]["engine_args"]["logits_processors"] = [ngram, BAN_EOS]
+    result: dict[str, Any] = {"phase": phase, "api_servers": api_servers, "T": T,
+                              "ngram": ngram, "rows": []}
+    work = args.work / phase
+    n_ocrd = s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"]
+    pdfs = make_pdfs(work / "pdfs", n_ocrd, s["per_file"], 100_000)
+    singles = [make_pdfs(work / f"single{i}", 1, 1, 200_000 + i)[0]
+               for i in range(s["latency_n"] + 1)]
+    urls = data_urls(range(300_000, 300_000 + s["direct_pages"])) if api_servers > 1 else []
+    d = Daemon(work / "daemon", engine, env, quiet_seconds=args.quiet)
+    with GpuMemory() as mem:
+        t_start = d.start()
+        try:
+            ready = d.wait_event("ready", s["timeout"])
+            d.remember_sessions()
+            result["daemon_ready_s"] = round(time.monotonic() - t_start, 1)
+            started = d.events("engine_started")
+            result["engine_start_s"] = started[-1].get("seconds") if started else None
+            result["gpu_mem_after_start_mib"] = GpuMemory.used()
+            result["pages_in_flight"] = ready.get("pages_in_flight")
+            print("READY", json.dumps(result), flush=True)
+            server = f"http://127.0.0.1:{SERVER_PORT}/v1"
+            if api_servers > 1:
+                warm = data_urls(range(400_000, 400_000 + 8))
+                asyncio.run(direct_http(server, str(args.model), warm, 32, 64))
+                dt, lat = asyncio.run(direct_http(server, str(args.model), urls, T,
+                                                  result["pages_in_flight"]))
+                result["rows"].append(row(f"direct_http_vllm_serve_x{api_servers}",
+                                          len(urls), dt, T=T,
+                                          latency_p50_s=round(statistics.median(lat), 2)))
+                save(args.out, phase, result)
+            else:  # warm the in-process engine like the direct client warms the server
+                t0 = d.drop([singles[-1]])
+                d.wait_outputs([singles[-1].name], s["timeout"])
+            t0 = d.drop(pdfs)
+            t1 = d.wait_outputs([p.name for p in pdfs], s["timeout"])
+            name = (f"ocrd_e2e_managed_x{api_servers}" if api_servers > 1
+                    else "ocrd_e2e_inprocess")
+            result["rows"].append(row(name, n_ocrd, t1 - t0, T=T, files=len(pdfs)))
+            save(args.out, phase, result)
+            # one page into the idle daemon, several times
+            lat = []
+            for p in singles[: s["latency_n"]]:
+                time.sleep(1.0)
+                t0 = d.drop([p])
+                lat.append(d.wait_outputs([p.name], s["timeout"]) - t0)
+            result["ocrd_one_page_s"] = [round(x, 2) for x in lat]
+            result["ocrd_one_page_p50_s"] = round(statistics.median(lat), 2)
+            if api_servers > 1:
+                ttft, full = [], []
+                for i in range(s["latency_n"]):
+                    one = data_urls(range(500_000 + 2 * i, 500_002 + 2 * i))
+                    ttft.append(asyncio.run(direct_http(server, str(args.model), one[:1],
+                                                        1, 1))[0])
+                    full.append(asyncio.run(direct_http(server, str(args.model), one[1:],
+                                                        T, 1))[0])
+                result["direct_first_token_s"] = [round(x, 3) for x in ttft]
+                result["direct_first_token_p50_s"] = round(statistics.median(ttft), 3)
+                result["direct_one_page_s"] = [round(x, 2) for x in full]
+                result["decode_s"] = round(statistics.median(full) - statistics.median(ttft), 2)
+            save(args.out, phase, result)
+            if api_servers > 1 and args.restart:
+                # the supervisor at work on the GPU: kill the server, drop a page
+                # (its whole process group, as when the machine's OOM killer strikes)
+                pid = d.events("vllm_server_ready")[-1]["pid"]
+                n_ready = len(d.events("vllm_server_ready"))
+                os.killpg(pid, signal.SIGKILL)
+                t0 = d.drop([singles[-1]])
+                t1 = d.wait_outputs([singles[-1].name], s["timeout"])
+                while len(d.events("vllm_server_ready")) <= n_ready:
+                    time.sleep(0.2)
+                d.remember_sessions()
+                result["restart"] = {
+                    "page_after_kill_s": round(t1 - t0, 1),
+                    "server_restart_s": d.events("vllm_server_ready")[-1].get("seconds")}
+                print("RESTART", json.dumps(result["restart"]), flush=True)
+        finally:
+            sessions = d.remember_sessions()
+            result["stop_s"] = round(d.stop(), 1)
+            result["daemon_rc"] = d.proc.returncode if d.proc else None
+            time.sleep(1)
+            result["left_after_stop"] = session_processes(sessions)
+            result["gpu_processes_after_stop"] = gpu_processes()
+            result["gpu_mem_after_stop_mib"] = GpuMemory.used()
+            d.kill()
+            result["killed_after_stop"] = end_sessions(sessions)
+            result["gpu_mem_peak_mib"] = mem.peak
+            save(args.out, phase, result)
+            shutil.copy(d.log_path, args.out / f"daemon_{phase}.log")
+    print(phase.upper(), json.dumps(result), flush=True)
+
+
+# ---- the report ------------------------------------------------------------------------
+
+def report(out: Path, merge: list[Path] | None = None) -> str:
+    """The table of every row in OUT's results (and those of --merge folders), with
+    ratios against vLLM alone and ocrd against the best direct configuration."""
+    res: dict[str, list[dict]] = {}
+    for folder in [out, *(merge or [])]:
+        for phase in ("offline", "managed", "inproc"):
+            p = folder / f"results_{phase}.json"
+            if p.exists():
+                res.setdefault(phase, []).append(json.loads(p.read_text()))
+    rows = [r for runs in res.values() for d in runs for r in d["rows"]
+            if r["config"] != "warmup"]
+    base = next((r["pages_per_s"] for r in rows if r["config"] == "vllm_offline_all_at_once"),
+                None)
+    lines = ["| configuration | pages | T | wall s | pages/s | × vLLM alone |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['pages_per_s'] / base:.2f}" if base and r["pages_per_s"] else "—"
+        lines.append(f"| {r['config']} | {r['pages']} | {r.get('T')} | {r['wall_s']} | "
+                     f"{r['pages_per_s']} | {ratio} |")
+    ocrd = max((r["pages_per_s"] for r in rows if r["config"].startswith("ocrd_e2e")),
+               default=None)
+    direct = max((r["pages_per_s"] for r in rows
+                  if r["config"].startswith(("direct_", "vllm_offline"))), default=None)
+    same = max((r["pages_per_s"] for r in rows if r["config"].startswith("direct_")),
+               default=None)
+    if ocrd and direct:
+        lines.append(f"\nocrd end to end, best: {ocrd:.2f} pages/s (≥10: "
+                     f"{'yes' if ocrd >= 10 else 'NO'}); ÷ best direct configuration "
+                     f"{direct:.2f} = {ocrd / direct:.3f} (target ≥0.95)")
+    if ocrd and same:
+        lines.append(f"ocrd ÷ the same server fed directly ({same:.2f}): {ocrd / same:.3f}")
+    for phase, runs in res.items():
+        for d in runs:
+            facts = {k: v for k, v in d.items() if k not in ("rows", "phase")}
+            lines.append(f"\n{phase}: " + json.dumps(facts))
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text + "\n")
+    return text
+
+
+# ---- command line ----------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("phase", choices=["model", "offline", "managed", "inproc", "report", "all",
+                                      "cleanup"])
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu-work"))
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
+    p.add_argument("--model", type=Path, default=None, help="model folder (default: WORK/model)")
+    p.add_argument("--tiny", action="store_true", help="CPU dry run with the tests' tiny model")
+    p.add_argument("--api-servers", type=int, default=None)
+    p.add_argument("--quiet", type=float, default=5.0, help="inbox quiet_seconds")
+    p.add_argument("--fast-ngram", action="store_true",
+                   help="daemon phases: the experimental n-gram processor of bench/gpu_lp.py "
+                        "instead of the recipe's")
+    p.add_argument("--restart", action="store_true", help="managed: kill the server once")
+    p.add_argument("--merge", type=Path, action="append", default=[],
+                   help="report: also the results in this folder (repeatable)")
+    p.add_argument("--only", default="", help="offline: some of baseline,ceiling_no,"
+                   "ceiling_ocrd,ceiling_vllm (default: all)")
+    args = p.parse_args(argv)
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    # a timeout's SIGTERM unwinds (finally: blocks stop the daemon) instead of vanishing
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.phase == "cleanup":
+        f = args.work / "sessions.txt"
+        ids = {int(x) for x in f.read_text().split()} if f.exists() else set()
+        print("CLEANUP killed", end_sessions(ids), "GPU", gpu_processes())
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.model is None:
+        args.model = args.work / ("tiny-model" if args.tiny else "model")
+    if not (args.model / "config.json").exists() and args.phase != "report":
+        if args.tiny:
+            from tests.vllm_engine.tiny_model import build
+
+            build(args.model)
+        else:
+            build_model(args.model)
+    n = args.api_servers or sizes(args.tiny)["api_servers"]
+    if args.phase == "offline":
+        phase_offline(args)
+    elif args.phase == "managed":
+        phase_daemon(args, n)
+    elif args.phase == "inproc":
+        phase_daemon(args, 1)
+    elif args.phase == "all":
+        for phase in ("managed", "inproc", "offline"):
+            subprocess.run([sys.executable, __file__, phase, *sys.argv[2:]], check=False)
+    if args.phase in ("report", "all"):
+        print(report(args.out, args.merge))
+
+
+if __name__ == "__main__":
+    random.seed(0)
+    main()

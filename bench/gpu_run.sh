@@ -1,0 +1,51 @@
+#!/bin/bash
+# The GPU benchmark from one command, on the GPU machine, from the repository root:
+#     bash bench/gpu_run.sh                  # managed, inproc, offline, then the report
+#     bash bench/gpu_run.sh offline          # some phases only (EXTRA="--restart" etc.)
+# The machine needs Python 3.12 + torch 2.11 (CUDA 13) and the carried bundle
+# .gpu-bundle/ (bench/gpu_bundle.sh builds it where pip works): vLLM 0.24.0 and the
+# wheels that machine lacks. Results: $OUT (default /tmp/gpu-out): results_*.json,
+# log_*.txt, daemon_*.log, report.md.
+set -o pipefail
+cd "$(dirname "$0")/.."
+B=${GPU_BUNDLE:-.gpu-bundle}
+W=${GPU_WORK:-/root/w}
+OUTD=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUTD" "$W/bench"
+if [ ! -f "$W/.installed" ]; then
+  t0=$(date +%s)
+  rm -rf "$W/site" && mkdir -p "$W/site"
+  xz -T0 -dc "$B/vllm_pkg.tar.xz" | tar -xf - -C "$W/site" || { echo "UNTAR FAILED"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$W/site" "$B"/whl/*.whl 2>&1 | grep -v -i warning
+  touch "$W/.installed"
+  echo "INSTALL $(( $(date +%s) - t0 )) s"
+fi
+# ocrd's own dependencies and what `vllm serve` needs beyond the offline engine (again
+# on a warm machine: the list may have grown)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$W/site" "$B"/owhl/*.whl 2>&1 | grep -v -i warning
+export PYTHONPATH="$W/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUTD/gpu.txt"
+echo "cores $(nproc); $(python3 -c 'import sys, torch; print(sys.version.split()[0], torch.__version__)')" \
+  | tee -a "$OUTD/gpu.txt"
+python3 bench/gpu.py model --work "$W/bench" || exit 1
+python3 bench/gpu_check.py "$W/bench/model" 2>&1 | grep "SERVE CHECK" || exit 1
+PHASES=${*:-managed inproc offline}
+for ph in $PHASES; do
+  case $ph in
+    managed) limit=${MANAGED_LIMIT:-560} ;;  # ~480 s, +130 s with EXTRA=--restart
+    inproc) limit=${INPROC_LIMIT:-260} ;;
+    offline) limit=${OFFLINE_LIMIT:-330} ;;
+    *) limit=300 ;;
+  esac
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout --kill-after=60 "$limit" python3 bench/gpu.py "$ph" --work "$W/bench" --out "$OUTD" \
+    $EXTRA > "$OUTD/log_$ph.txt" 2>&1
+  echo "PHASE $ph rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "^(ROW|READY|RESTART|FRONTEND|ENGINE)|Traceback|Error" "$OUTD/log_$ph.txt" | cut -c1-600 | tail -n 25
+  python3 bench/gpu.py cleanup --work "$W/bench"
+done
+python3 bench/gpu.py report --out "$OUTD"
