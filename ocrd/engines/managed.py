@@ -31,7 +31,7 @@ import structlog
 from ocrd.config import EngineConfig
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.remote import RemoteEngine, ServerUnreachable, http_request
-from ocrd.engines.vllm import NGRAM_PROCESSOR, fixed_head_dim
+from ocrd.engines.vllm import fixed_head_dim, recipe_kwargs
 from ocrd.errors import EngineDead, EngineUnavailable
 
 log = structlog.get_logger(__name__)
@@ -181,25 +181,16 @@ def server_args(cfg: EngineConfig, port: int, api_servers: int,
     """The arguments of `vllm serve ...` for cfg: the recipe's flags, the config's
     settings, then cfg.vllm.engine_args on top (as flags)."""
     v = cfg.vllm
-    args: dict[str, Any] = {
+    args = recipe_kwargs(cfg)
+    del args["model"]  # positional: `vllm serve MODEL`
+    args.update({
         "served_model_name": cfg.model,
         "host": "127.0.0.1",
         "port": port,
         "api_server_count": api_servers,
-        "dtype": v.dtype,
-        "gpu_memory_utilization": v.gpu_memory_utilization,
-        "max_model_len": v.max_model_len,
-        "max_num_seqs": v.max_num_seqs,
-        "tensor_parallel_size": v.tensor_parallel_size,
-        "data_parallel_size": v.data_parallel_size,
-        # the recipe (notes/deepseek-ocr2.md)
-        "enable_prefix_caching": False,
-        "mm_processor_cache_gb": 0,
-        "limit_mm_per_prompt": {"image": 1},
-        "logits_processors": [NGRAM_PROCESSOR],
         # one log line per request would drown the daemon's log
         "disable_uvicorn_access_log": True,
-    }
+    })
     engine_args = dict(v.engine_args)
     user_overrides = engine_args.pop("hf_overrides", None) or {}
     if not isinstance(user_overrides, dict):

@@ -82,10 +82,11 @@ def fixed_head_dim(text_config: Any) -> int | None:
     return hidden // heads
 
 
-def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """AsyncEngineArgs keyword arguments: the recipe's, then cfg.vllm.engine_args on top."""
+def recipe_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """The engine settings from the config and the model's recipe, before any
+    pass-through engine_args (shared by the in-process engine and the managed server)."""
     v = cfg.vllm
-    kwargs: dict[str, Any] = {
+    return {
         "model": cfg.model,
         "dtype": v.dtype,
         "gpu_memory_utilization": v.gpu_memory_utilization,
@@ -100,7 +101,12 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         "limit_mm_per_prompt": {"image": 1},
         "logits_processors": [NGRAM_PROCESSOR],
     }
-    kwargs.update(v.engine_args)
+
+
+def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments: the recipe's, then cfg.vllm.engine_args on top."""
+    kwargs = recipe_kwargs(cfg)
+    kwargs.update(cfg.vllm.engine_args)
     kwargs["hf_overrides"] = HeadDimGuard(kwargs.get("hf_overrides"))
     return kwargs
 
