@@ -122,9 +122,6 @@ class Journal:
             "UPDATE jobs SET state='claimed', attempts=MAX(attempts-1, 0) WHERE id=?",
             (job_id,))
 
-    def set_hash(self, job_id: int, sha256: str, pages: int | None) -> None:
-        self.db.execute("UPDATE jobs SET sha256=?, pages=? WHERE id=?", (sha256, pages, job_id))
-
     def finishing(self, job_id: int, output: str) -> None:
         """Outputs are durable; what is left is archiving/deleting the original."""
         self.db.execute("UPDATE jobs SET state='finishing', output=? WHERE id=?",
@@ -168,6 +165,3 @@ class Journal:
 
     def recent_failures(self, limit: int = 10) -> list[Job]:
         return self._many("WHERE state='failed' ORDER BY finished DESC LIMIT ?", limit)
-
-    def recent_done(self, limit: int = 10) -> list[Job]:
-        return self._many("WHERE state='done' ORDER BY finished DESC LIMIT ?", limit)

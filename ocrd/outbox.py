@@ -81,6 +81,8 @@ def fsync_dir(path: Path) -> None:
 
 def makedirs(root: Path, sub: PurePosixPath | None, perms: Perms) -> Path:
     """Create root/sub (mirrored inbox subfolders) with the configured mode and group."""
+    if sub is not None and sub.parts:
+        safe_join(root, sub.as_posix())  # never outside root, whatever a folder is called
     root.mkdir(parents=True, exist_ok=True)
     path = root
     for part in (sub.parts if sub else ()):

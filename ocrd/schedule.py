@@ -147,9 +147,6 @@ class Scheduler:
     def queued(self) -> int:
         return len(self._heap)
 
-    def queued_items(self) -> list[Any]:
-        return [q.item for q in sorted(self._heap)]
-
     def remove(self, pred: Callable[[Any], bool]) -> list[Any]:
         """Take queued (not yet started) documents out, e.g. of a removed inbox."""
         keep, gone = [], []

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from . import errors, outbox, pages
+from . import __version__, errors, outbox, pages
 from .config import Config, ConfigError, InboxConfig, load_config
 from .engines import create_engine
 from .engines.base import Engine
@@ -193,7 +193,7 @@ class Daemon:
         self.engine = create_engine(cfg.engine)
         if self.engine.kind != "vllm":
             _keep_rss_near_live_memory()
-        self.metrics.build.info({"version": self.metrics_version(), "engine": self.engine.kind,
+        self.metrics.build.info({"version": __version__, "engine": self.engine.kind,
                                  "model": self.engine.model})
         await self._start_engine()
         if self.should_exit:
@@ -221,12 +221,6 @@ class Daemon:
                            f"{len(self.inboxes)} inbox(es)")
         log.info("ready", inboxes=[str(p) for p in self.inboxes], engine=self.engine.kind,
                  pages_in_flight=in_flight)
-
-    @staticmethod
-    def metrics_version() -> str:
-        from . import __version__
-
-        return __version__
 
     async def _start_engine(self) -> None:
         """Load the engine; while it loads (minutes for a real model) keep extending

@@ -89,3 +89,13 @@ def test_sweep_removes_only_this_daemons_temporaries(tmp_path: Path) -> None:
     assert outbox.sweep_temporaries(tmp_path, "aaaa") == 1
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
         [theirs, "keep.md"])
+
+
+def test_makedirs_refuses_to_leave_its_root(tmp_path: Path) -> None:
+    from pathlib import PurePosixPath
+
+    with pytest.raises(UnsafePath):
+        outbox.makedirs(tmp_path / "out", PurePosixPath("a/../../escape"), Perms())
+    assert not (tmp_path / "escape").exists()
+    made = outbox.makedirs(tmp_path / "out", PurePosixPath("2024/March"), Perms())
+    assert made == tmp_path / "out" / "2024" / "March" and made.is_dir()
