@@ -96,7 +96,7 @@ class EngineGate:
                     return
             except Exception as e:  # noqa: BLE001 - any failure means "not yet"
                 log.debug("engine_health_failed", error=str(e))
-            delay = min(delay * 2, 15.0)
+            delay = min(delay * 2, 5.0)  # a health check is cheap; a waiting page is not
 
 
 class Converter:
