@@ -33,6 +33,14 @@ def tiny_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def daemon_with_outbox(tmp_path: Path, outbox: Path) -> Daemon:
+    """A daemon whose inbox is on the normal disk and whose outbox is `outbox`."""
+    inbox = {"path": str(tmp_path / "d" / "inbox"), "outbox": str(outbox),
+             "failed": str(tmp_path / "d" / "failed"), "on_success": "delete",
+             "quiet_seconds": 0.3}
+    return Daemon(tmp_path / "d", inboxes=[inbox])
+
+
 def test_full_outbox_pauses_then_resumes(tmp_path: Path, tiny_fs: Path) -> None:
     src = make_pdf(tmp_path / "a.pdf", [sentence_lines(60, 4)])
     filler = tiny_fs / "filler.bin"
@@ -43,10 +51,7 @@ def test_full_outbox_pauses_then_resumes(tmp_path: Path, tiny_fs: Path) -> None:
                 f.flush()
         except OSError:
             pass
-    inbox = {"path": str(tmp_path / "d" / "inbox"), "outbox": str(tiny_fs / "out"),
-             "failed": str(tmp_path / "d" / "failed"), "on_success": "delete",
-             "quiet_seconds": 0.3}
-    with Daemon(tmp_path / "d", inboxes=[inbox]) as d:
+    with daemon_with_outbox(tmp_path, tiny_fs / "out") as d:
         d.start()
         drop(src, d.inbox / "a.pdf")
         wait_for(lambda: d.event("output_unwritable"), 60, "the full outbox to be reported")
@@ -66,10 +71,7 @@ def test_read_only_outbox_pauses_then_resumes(tmp_path: Path, tiny_fs: Path) -> 
     src = make_pdf(tmp_path / "b.pdf", [sentence_lines(61, 4)])
     (tiny_fs / "out").mkdir()
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
-    inbox = {"path": str(tmp_path / "d" / "inbox"), "outbox": str(tiny_fs / "out"),
-             "failed": str(tmp_path / "d" / "failed"), "on_success": "delete",
-             "quiet_seconds": 0.3}
-    with Daemon(tmp_path / "d", inboxes=[inbox]) as d:
+    with daemon_with_outbox(tmp_path, tiny_fs / "out") as d:
         d.start()
         drop(src, d.inbox / "b.pdf")
         wait_for(lambda: d.event("output_unwritable"), 60, "the read-only outbox reported")
