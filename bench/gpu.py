@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import multiprocessing
 import os
@@ -66,9 +67,11 @@ ENV = {
 def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         return {"T": 16, "baseline_pages": 8, "ceiling_pages": 8, "prerender": 4,
+                "encoder_pages": 2,
                 "direct_pages": 8, "ocrd_pages": 8, "inproc_pages": 8, "per_file": 4,
                 "latency_n": 2, "max_num_seqs": 4, "api_servers": 2, "timeout": 600}
     return {"T": 1024, "baseline_pages": 256, "ceiling_pages": 256, "prerender": 16,
+            "encoder_pages": 8,
             "direct_pages": 384, "ocrd_pages": 384, "inproc_pages": 256, "per_file": 8,
             "latency_n": 3, "max_num_seqs": 256, "api_servers": 8, "timeout": 400}
 
@@ -297,6 +300,7 @@ def phase_offline(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    from ocrd.engines import vllm_plugin
     from ocrd.engines.vllm import HeadDimGuard
 
     result["vllm"] = vllm.__version__
@@ -305,6 +309,13 @@ def phase_offline(args: argparse.Namespace) -> None:
     kwargs = {**{k: v for k, v in settings.items() if k != "engine_args"},
               **settings["engine_args"]}
     guard = HeadDimGuard()
+    # ocrd's fast encoder model (its vLLM plugin, found through the .dist-info that
+    # gpu_run.sh writes); stock and fast are then compared inside this one engine by
+    # switching the model's path (apply_model sends the switch: needs pickled callables)
+    os.environ[vllm_plugin.ENV] = "1"
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    vllm_plugin.use(True)
+    result["plugin_installed"] = vllm_plugin.installed()
     with GpuMemory() as mem:
         t0 = time.perf_counter()
         llm = LLM(model=str(args.model), enable_prefix_caching=False, mm_processor_cache_gb=0,
@@ -319,7 +330,18 @@ def phase_offline(args: argparse.Namespace) -> None:
             result["kv_cache_blocks"] = eng.vllm_config.cache_config.num_gpu_blocks
         except Exception:  # noqa: BLE001 - informational
             pass
+        result["model_class"] = llm.apply_model(_model_class)[0]
         print("ENGINE", json.dumps(result), flush=True)
+        only = set(args.only.split(",")) if args.only else None
+
+        def fast(on: bool) -> None:
+            llm.apply_model(functools.partial(_set_fast, on=on))
+
+        if not only or "encoder" in only:
+            result["encoder"] = llm.apply_model(functools.partial(
+                _encoder_bench, pages=s["encoder_pages"]))[0]
+            print("ENCODER", json.dumps(result["encoder"]), flush=True)
+            save(args.out, "offline", result)
 
         def requests(seed0: int, n: int, size: tuple[int, int] = A4) -> list[dict]:
             return [{"prompt": PROMPT, "multi_modal_data": {"image": page_image(seed0 + i, size)}}
@@ -341,10 +363,14 @@ def phase_offline(args: argparse.Namespace) -> None:
                                       prompt_tokens=len(outs[0].prompt_token_ids)))
             save(args.out, "offline", result)
 
-        only = set(args.only.split(",")) if args.only else None
         generate("warmup", requests(10_000, 8), 32)
         if not only or "baseline" in only:
+            fast(False)
             generate("vllm_offline_all_at_once", requests(20_000, s["baseline_pages"]), T)
+        if not only or "baseline_fast" in only:
+            fast(True)
+            generate("vllm_offline_all_at_once_fast_encoder",
+                     requests(25_000, s["baseline_pages"]), T)
 
         # The front end's own cost per page: vLLM's input processing, A4 and grid-sized.
         renderer = eng.renderer
@@ -378,9 +404,13 @@ def phase_offline(args: argparse.Namespace) -> None:
                                       ngram=ngram or "none"))
             save(args.out, "offline", result)
 
-        for ngram, label in ((None, "no"), ("fast", "ocrd"), ("vllm", "vllm")):
+        # vLLM's encoder path first (the earlier ceiling), then ocrd's
+        for encoder, ngram, label in ((False, None, "stock_no"), (True, None, "fast_no"),
+                                      (True, "vllm", "fast_vllm"), (True, "fast", "fast_ocrd")):
             if not only or f"ceiling_{label}" in only:
+                fast(encoder)
                 decode_prepared(f"gpu_only_ceiling_{label}_ngram", s["ceiling_pages"], ngram)
+        fast(True)
     result["gpu_mem_peak_mib"] = mem.peak
     save(args.out, "offline", result)
     print("OFFLINE", json.dumps(result), flush=True)
@@ -390,6 +420,59 @@ def phase_offline(args: argparse.Namespace) -> None:
         print("shutdown:", repr(e))
     sys.stdout.flush()
     os._exit(0)  # skip vLLM's slow teardown
+
+
+# ---- run inside the engine's worker (LLM.apply_model) ---------------------------------
+
+def _model_class(model: Any) -> str:
+    return type(model).__name__
+
+
+def _set_fast(model: Any, on: bool) -> bool | None:
+    switch = getattr(model, "ocrd_set_fast", None)
+    return switch(on) if switch else None
+
+
+def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
+    """vLLM's per-page encoder loop against ocrd's batched one on the same A4-shaped
+    inputs (a global view and 2×3 tiles per page): wall time per page with the GPU
+    synchronised, and how far the embeddings differ."""
+    import torch
+
+    if not hasattr(model, "ocrd_set_fast"):
+        return {"error": f"{type(model).__name__} is not ocrd's fast model"}
+    p = next(model.sam_model.parameters())
+    g = torch.Generator(device=p.device).manual_seed(0)
+    pixel_values = torch.randn(pages, 3, 1024, 1024, device=p.device, dtype=p.dtype,
+                               generator=g)
+    crops = torch.randn(6 * pages, 3, 768, 768, device=p.device, dtype=p.dtype, generator=g)
+    spatial = torch.tensor([[2, 3]] * pages, dtype=torch.long)
+    out: dict[str, Any] = {"pages": pages, "mask_patched": model.ocrd_mask_patched}
+    sync = torch.cuda.synchronize if p.device.type == "cuda" else (lambda: None)
+    embeddings = {}
+    with torch.inference_mode():
+        for on in (False, True):
+            model.ocrd_set_fast(on)
+            model._pixel_values_to_embedding(pixel_values[:2], crops[:12], spatial[:2])
+            sync()
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                e = model._pixel_values_to_embedding(pixel_values, crops, spatial)
+                sync()
+                times.append(time.perf_counter() - t0)
+            out["fast_ms_per_page" if on else "stock_ms_per_page"] = round(
+                min(times) / pages * 1000, 2)
+            embeddings[on] = e
+        diff = max((a.float() - b.float()).abs().max().item()
+                   for a, b in zip(embeddings[True], embeddings[False], strict=True))
+        scale = max(b.float().abs().max().item() for b in embeddings[False])
+    model.ocrd_set_fast(True)
+    out["max_abs_diff"] = diff
+    out["max_abs_value"] = scale
+    out["shapes_equal"] = all(a.shape == b.shape for a, b in
+                              zip(embeddings[True], embeddings[False], strict=True))
+    return out
 
 
 # ---- the daemon ------------------------------------------------------------------------
@@ -714,8 +797,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--restart", action="store_true", help="managed: kill the server once")
     p.add_argument("--merge", type=Path, action="append", default=[],
                    help="report: also the results in this folder (repeatable)")
-    p.add_argument("--only", default="", help="offline: some of baseline,ceiling_no,"
-                   "ceiling_ocrd,ceiling_vllm (default: all)")
+    p.add_argument("--only", default="", help="offline: some of encoder,baseline,"
+                   "baseline_fast,ceiling_stock_no,ceiling_fast_no,ceiling_fast_vllm,"
+                   "ceiling_fast_ocrd (default: all)")
     args = p.parse_args(argv)
     for k, v in ENV.items():
         os.environ.setdefault(k, v)

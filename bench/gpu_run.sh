@@ -25,6 +25,13 @@ fi
 # on a warm machine: the list may have grown)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$W/site" "$B"/owhl/*.whl 2>&1 | grep -v -i warning
+# ocrd is not pip-installed here: its vLLM plugin (the fast encoder) is found through a
+# .dist-info with the entry point of pyproject.toml
+DI="$W/site/ocrd_vllm_plugin-0.dist-info"
+mkdir -p "$DI"
+printf 'Metadata-Version: 2.1\nName: ocrd-vllm-plugin\nVersion: 0\n' > "$DI/METADATA"
+printf '[vllm.general_plugins]\nocrd_fast_encoder = ocrd.engines.vllm_plugin:register\n' \
+  > "$DI/entry_points.txt"
 export PYTHONPATH="$W/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUTD/gpu.txt"
@@ -37,7 +44,7 @@ for ph in $PHASES; do
   case $ph in
     managed) limit=${MANAGED_LIMIT:-560} ;;  # ~480 s, +130 s with EXTRA=--restart
     inproc) limit=${INPROC_LIMIT:-260} ;;
-    offline) limit=${OFFLINE_LIMIT:-330} ;;
+    offline) limit=${OFFLINE_LIMIT:-480} ;;
     *) limit=300 ;;
   esac
   t0=$(date +%s)

@@ -29,9 +29,10 @@ from typing import Any
 import structlog
 
 from ocrd.config import EngineConfig
+from ocrd.engines import vllm_plugin
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.remote import RemoteEngine, ServerUnreachable, http_request
-from ocrd.engines.vllm import fixed_head_dim, recipe_kwargs
+from ocrd.engines.vllm import fixed_head_dim, recipe_kwargs, warn_if_plugin_missing
 from ocrd.errors import EngineDead, EngineUnavailable
 
 log = structlog.get_logger(__name__)
@@ -230,6 +231,8 @@ class ManagedServerEngine(Engine):
         self._closing = False
         self._hf_overrides: dict[str, Any] | None = None
         self.restarts = 0
+        # the server's engine core logged that it built ocrd's fast encoder model
+        self.fast_encoder_loaded = False
         self.pgids: list[int] = []  # every server's process group, for tests and close()
         self.start_seconds: list[float] = []
 
@@ -242,6 +245,7 @@ class ManagedServerEngine(Engine):
         if model_config is None:
             log.warning("vllm_server_model_config_unread", model=self.model,
                         note="no head_dim guard: vLLM 0.24 on a GPU may crash, 0.32 is fine")
+        warn_if_plugin_missing(self.cfg)
         await self._launch()
         try:
             await self._client.start()  # checks that the server serves cfg.model
@@ -258,7 +262,8 @@ class ManagedServerEngine(Engine):
     async def _launch(self) -> None:
         """Start one server and wait for /health; EngineDead if it exits or never answers."""
         cmd = self.command()
-        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **vllm_plugin.environment(self.cfg.vllm.fast_encoder),
+               **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         t0 = time.monotonic()
         self._tail.clear()
         self._proc = await asyncio.create_subprocess_exec(
@@ -321,6 +326,8 @@ class ManagedServerEngine(Engine):
             if text:
                 self._tail.append(text)
                 log.info("vllm_server", pid=proc.pid, line=text)
+                if vllm_plugin.LOADED_MARK in text:
+                    self.fast_encoder_loaded = True
 
     def output_tail(self, lines: int = 25) -> str:
         return "\n".join(list(self._tail)[-lines:])
@@ -436,7 +443,8 @@ class ManagedServerEngine(Engine):
         info = super().describe()
         info.update(api_servers=self.api_servers, server=self.url,
                     dtype=self.cfg.vllm.dtype, max_model_len=self.cfg.vllm.max_model_len,
-                    max_num_seqs=self.cfg.vllm.max_num_seqs)
+                    max_num_seqs=self.cfg.vllm.max_num_seqs,
+                    fast_encoder=self.fast_encoder_loaded)
         if self._hf_overrides:
             info["hf_overrides"] = self._hf_overrides
         return info

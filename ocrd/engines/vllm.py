@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from ocrd.config import EngineConfig
+from ocrd.engines import vllm_plugin
 from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.errors import EngineDead, EngineUnavailable
@@ -109,6 +110,32 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     kwargs.update(cfg.vllm.engine_args)
     kwargs["hf_overrides"] = HeadDimGuard(kwargs.get("hf_overrides"))
     return kwargs
+
+
+def warn_if_plugin_missing(cfg: EngineConfig) -> None:
+    if cfg.vllm.fast_encoder and not vllm_plugin.installed():
+        log.warning("vllm_fast_encoder_unavailable",
+                    why="ocrd's vLLM plugin is not installed (install ocrd with pip); "
+                        "vLLM's own, slower encoder path is used")
+
+
+def _build_engine(api: _VllmApi, kwargs: dict[str, Any], fast_encoder: bool) -> Any:
+    """AsyncLLM with ocrd's vLLM plugin told whether to use the fast encoder: through
+    the environment of the engine core process that vLLM spawns while building (restored
+    afterwards), and directly in this process (where vLLM may have loaded its plugins
+    already, and runs the engine core itself with VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    settings = vllm_plugin.environment(fast_encoder)
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        vllm_plugin.use(fast_encoder)
+        return api.AsyncLLM.from_engine_args(api.AsyncEngineArgs(**kwargs))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _request_tag(doc_id: str) -> str:
@@ -202,11 +229,12 @@ class VllmEngine(Engine):
             for p in kwargs.get("logits_processors") or []
         ]
         self._guard = kwargs["hf_overrides"]
+        warn_if_plugin_missing(self.cfg)
         log.info("engine_starting", kind=self.kind, model=self.model, vllm=api.version,
                  dtype=self.cfg.vllm.dtype)
         t0 = time.monotonic()
         self._engine = await asyncio.to_thread(
-            api.AsyncLLM.from_engine_args, api.AsyncEngineArgs(**kwargs))
+            _build_engine, api, kwargs, self.cfg.vllm.fast_encoder)
         # Built off the loop, AsyncLLM defers its output handler task; start it here so
         # that an engine core failure is noticed even before the first page (the lazy
         # start is vLLM's own fallback; the method is private, hence the guard).
@@ -252,6 +280,7 @@ class VllmEngine(Engine):
     def describe(self) -> dict:
         info = super().describe()
         info.update(vllm=self._api.version if self._api else None, dtype=self.cfg.vllm.dtype,
+                    fast_encoder=self.cfg.vllm.fast_encoder and vllm_plugin.installed(),
                     max_model_len=self.cfg.vllm.max_model_len,
                     max_num_seqs=self.cfg.vllm.max_num_seqs)
         if self._guard is not None and self._guard.applied is not None:

@@ -159,6 +159,7 @@ def test_managed_server_converts_restarts_and_closes(
         facts["start_s"] = time.monotonic() - t0
         try:
             facts["healthy"] = await engine.health()
+            facts["fast_encoder"] = engine.describe()["fast_encoder"]
             facts["first"] = await asyncio.gather(*(engine.ocr(noise(i)) for i in range(4)))
             first_server = engine.pgids[-1]
             facts["first_family"] = session_members([first_server])
@@ -176,6 +177,8 @@ def test_managed_server_converts_restarts_and_closes(
         return engine, facts
 
     engine, facts = asyncio.run(run())
+    # the server's engine core built ocrd's fast-encoder model (the plugin, via pip)
+    assert facts["fast_encoder"] is True
     print(f"\nvllm serve x{API_SERVERS}: ready after {facts['start_s']:.1f} s; killed, "
           f"a page waited {facts['outage_s']:.1f} s ({facts['waits']} x unavailable); "
           f"server starts: {[round(s, 1) for s in engine.start_seconds]} s")

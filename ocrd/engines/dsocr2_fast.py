@@ -1,0 +1,160 @@
+"""DeepSeek-OCR-2 with a faster vision encoder, for vLLM (imported by vLLM, never by ocrd).
+
+vLLM's `DeepseekOCR2ForCausalLM` encodes the images of an engine step one page at a
+time: SAM on the 1024 px global view (batch 1), a host sync (`.item()`) to see whether
+there are tiles, SAM on the tiles, then the 24-layer Qwen2 "decoder as encoder" for each.
+In vLLM ≤ 0.24 that encoder also builds its attention mask position by position: two
+GPU index writes per query position (256 + 6 × 144 per A4 page), each from CPU indices.
+On an H200 that engine-side work cost ~0.16 s per page and capped the whole engine at
+4.7 pages/s while the same GPU decodes 18 text pages/s (bench/GPU_RESULTS.md).
+
+`FastDeepseekOCR2ForCausalLM` keeps vLLM's modules and weights and changes only how they
+are called:
+- the global views of every page in the step go through SAM → Qwen2 → projector
+  together, and so do all their tiles (chunked to bound the memory of SAM's attention
+  bias); one host sync per step instead of one per page;
+- where vLLM's encoder still has the per-position mask (no `compute_mask_base`, added
+  upstream after 0.24), the mask is built once per sequence length with tensor ops —
+  the same mask (tests/vllm_engine/test_fast_encoder.py checks it against 0.24's loop).
+
+The outputs are the same embeddings in the same order (up to the rounding of batched
+kernels). ocrd registers the class for the architecture through its vLLM plugin
+(`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import MethodType
+from typing import Any
+
+import torch
+from vllm.logger import init_logger
+from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
+
+from ocrd.engines.vllm_plugin import LOADED_MARK
+
+# under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
+logger = init_logger("vllm.ocrd.dsocr2_fast")
+
+# Views per SAM call. SAM's global-attention layers materialise a relative-position
+# bias of heads × tokens² per view: ~0.4 GB for a 1024 px view (4096 tokens), ~0.13 GB
+# for a 768 px tile (2304 tokens), in bf16. These chunks keep one call under ~3.5 GB,
+# inside the memory vLLM leaves outside its KV cache (1 - gpu_memory_utilization).
+GLOBAL_VIEWS_PER_CALL = 8
+TILES_PER_CALL = 24
+
+
+@functools.lru_cache(maxsize=16)
+def encoder_mask(sequence_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The Qwen2 encoder's additive mask for [n image tokens, n query tokens]: image
+    tokens see every image token; query tokens see every image token and, causally,
+    the query tokens up to themselves. Shape [1, 1, S, S]."""
+    n = sequence_length // 2
+    pos = torch.arange(sequence_length, device=device)
+    image = pos < n
+    query = ~image
+    causal = pos[:, None] >= pos[None, :]
+    allow = image[None, :] | (query[:, None] & query[None, :] & causal)
+    blocked = torch.finfo(dtype).min
+    return torch.where(allow, torch.zeros((), dtype=dtype, device=device),
+                       torch.full((), blocked, dtype=dtype, device=device))[None, None]
+
+
+def _fixed_pattern(token_type_ids: Any, sequence_length: int) -> bool:
+    """True when every row is [0] * n + [1] * n, the only pattern vLLM's encoder makes."""
+    if not isinstance(token_type_ids, torch.Tensor) or token_type_ids.dim() != 2:
+        return False
+    n = sequence_length // 2
+    if token_type_ids.shape[1] != sequence_length or sequence_length != 2 * n:
+        return False
+    ids = token_type_ids if token_type_ids.device.type == "cpu" else token_type_ids.cpu()
+    return bool((ids[:, :n] == 0).all() and (ids[:, n:] == 1).all())
+
+
+def _vectorised_mask(self: Any, sequence_length: int, dtype: torch.dtype,
+                     device: torch.device, batch_size: int, token_type_ids: Any) -> torch.Tensor:
+    """Drop-in for vLLM ≤ 0.24's `_create_custom_4d_mask` (same signature, same mask)."""
+    if not self._ocrd_fast or not _fixed_pattern(token_type_ids, sequence_length):
+        return self._ocrd_slow_mask(sequence_length=sequence_length, dtype=dtype,
+                                    device=device, batch_size=batch_size,
+                                    token_type_ids=token_type_ids)
+    return encoder_mask(sequence_length, dtype, torch.device(device)).expand(
+        batch_size, 1, sequence_length, sequence_length)
+
+
+def patch_mask(qwen2_encoder: Any) -> bool:  # a Qwen2Decoder2Encoder
+    """Give an old (per-position mask) Qwen2 encoder the vectorised mask. Returns whether
+    it was patched; encoders that already build it with tensor ops are left alone."""
+    inner = getattr(getattr(qwen2_encoder, "model", None), "model", None)
+    if inner is None or not hasattr(inner, "_create_custom_4d_mask"):
+        return False
+    if hasattr(type(inner), "compute_mask_base") or hasattr(inner, "_ocrd_slow_mask"):
+        return False
+    inner._ocrd_slow_mask = inner._create_custom_4d_mask
+    inner._ocrd_fast = True
+    inner._create_custom_4d_mask = MethodType(_vectorised_mask, inner)
+    return True
+
+
+def _encode_views(model: Any, views: torch.Tensor, per_call: int) -> torch.Tensor:
+    """SAM → Qwen2 encoder → projector over views [N, 3, s, s]: [N, tokens, dim]."""
+    parts = []
+    for i in range(0, views.shape[0], per_call):
+        x = model.sam_model(views[i:i + per_call])
+        x = model.qwen2_model(x)
+        parts.append(model.projector(x))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def batched_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.Tensor,
+                       images_spatial_crop: torch.Tensor) -> list[torch.Tensor]:
+    """What vLLM's `_pixel_values_to_embedding` returns (per page: its tiles' tokens, its
+    global view's tokens, the view separator), computed with batched encoder calls."""
+    grids = images_spatial_crop.tolist()  # the step's only host sync
+    tiles = [w * h if (w > 1 or h > 1) else 0 for w, h in grids]
+    pages = len(grids)
+    global_tokens = _encode_views(model, pixel_values[:pages], GLOBAL_VIEWS_PER_CALL)
+    total_tiles = sum(tiles)
+    local_tokens = (_encode_views(model, images_crop[:total_tiles], TILES_PER_CALL)
+                    if total_tiles else None)
+    separator = model.view_seperator[None, :]
+    out: list[torch.Tensor] = []
+    first = 0
+    for page in range(pages):
+        g = global_tokens[page]
+        if tiles[page]:
+            local = local_tokens[first:first + tiles[page]]
+            first += tiles[page]
+            out.append(torch.cat([local.reshape(-1, local.shape[-1]), g, separator], dim=0))
+        else:
+            out.append(torch.cat([g, separator], dim=0))
+    return out
+
+
+class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
+    """vLLM's DeepSeek-OCR-2 with the batched encoder (and, on old vLLM, the vectorised
+    mask). `ocrd_set_fast(False)` switches back to vLLM's own code path (bench/gpu.py
+    compares both inside one engine)."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.ocrd_fast = True
+        self.ocrd_mask_patched = patch_mask(self.qwen2_model)
+        logger.info("%s: batched views; vectorised mask %s", LOADED_MARK,
+                    "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)")
+
+    def ocrd_set_fast(self, on: bool) -> bool:
+        self.ocrd_fast = on
+        if self.ocrd_mask_patched:
+            self.qwen2_model.model.model._ocrd_fast = on
+        return on
+
+    def _pixel_values_to_embedding(self, pixel_values: torch.Tensor,
+                                   images_crop: torch.Tensor,
+                                   images_spatial_crop: torch.Tensor) -> Any:
+        if not self.ocrd_fast:
+            return super()._pixel_values_to_embedding(
+                pixel_values=pixel_values, images_crop=images_crop,
+                images_spatial_crop=images_spatial_crop)
+        return batched_embeddings(self, pixel_values, images_crop, images_spatial_crop)

@@ -1,0 +1,53 @@
+"""ocrd's vLLM plugin: the fast DeepSeek-OCR-2 encoder (ocrd/engines/dsocr2_fast.py).
+
+vLLM calls `register()` in every process it starts (entry point group
+`vllm.general_plugins`, declared in pyproject.toml), including the engine core that
+builds the model and every `vllm serve` process. It does something only where ocrd asked
+for it through the environment (`OCRD_VLLM_FAST_ENCODER=1`, set by the in-process engine
+and the managed server when `engine.vllm.fast_encoder` is on), so other vLLM users on the
+same machine are left alone. This module imports nothing heavy: vLLM imports the model
+class lazily, when it builds that architecture.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+ENV = "OCRD_VLLM_FAST_ENCODER"
+ARCHITECTURE = "DeepseekOCR2ForCausalLM"
+MODEL_CLASS = "ocrd.engines.dsocr2_fast:FastDeepseekOCR2ForCausalLM"
+VLLM_CLASS = "vllm.model_executor.models.deepseek_ocr2:DeepseekOCR2ForCausalLM"
+ENTRY_POINT_GROUP = "vllm.general_plugins"
+ENTRY_POINT = "ocrd_fast_encoder"
+# logged by the model class when vLLM builds it (the managed server's output shows it)
+LOADED_MARK = "ocrd fast DeepSeek-OCR-2 encoder"
+
+
+def register() -> None:
+    """vllm.general_plugins entry point."""
+    if os.environ.get(ENV) == "1":
+        use(True)
+
+
+def use(fast: bool) -> None:
+    """Make vLLM build DeepSeek-OCR-2 with ocrd's fast encoder, or with its own code, in
+    this process (an engine core that runs in-process follows it)."""
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS if fast else VLLM_CLASS)
+
+
+def installed() -> bool:
+    """Whether vLLM can find this plugin (ocrd installed with its entry points, e.g.
+    `pip install .`; a bare PYTHONPATH checkout has none)."""
+    try:
+        points = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # noqa: BLE001 - broken metadata elsewhere: treat as absent
+        return False
+    return any(p.name == ENTRY_POINT and p.value.startswith(__name__) for p in points)
+
+
+def environment(enabled: bool) -> dict[str, str]:
+    """The variables for vLLM processes ocrd starts."""
+    return {ENV: "1" if enabled else "0"}

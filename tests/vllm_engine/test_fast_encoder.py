@@ -1,0 +1,203 @@
+"""ocrd's fast DeepSeek-OCR-2 encoder (ocrd/engines/dsocr2_fast.py) against vLLM's own code.
+
+The batched path must give the embeddings vLLM's per-page loop gives, with vLLM's own
+modules (tiny instances, CPU, float32); the vectorised mask must be the mask vLLM 0.24
+builds position by position (its loop is copied below as the reference); the plugin must
+register the class only when ocrd asks for it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from ocrd.engines import dsocr2_fast, vllm_plugin  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+def mask_vllm_024(sequence_length: int, dtype: Any, device: Any, batch_size: int,
+                  token_type_ids: Any) -> Any:
+    """vLLM 0.24.0's CustomQwen2ModelInner._create_custom_4d_mask, verbatim but for `self`."""
+    min_dtype = torch.finfo(dtype).min
+    masks = []
+    for b in range(batch_size):
+        mask = torch.full((sequence_length, sequence_length), fill_value=min_dtype,
+                          dtype=dtype, device=device)
+        type_ids = token_type_ids[b]
+        image_positions = (type_ids == 0).nonzero(as_tuple=True)[0]
+        text_positions = (type_ids == 1).nonzero(as_tuple=True)[0]
+        if len(image_positions) > 0:
+            mask[image_positions[:, None], image_positions] = 0.0
+        for i, text_pos in enumerate(text_positions):
+            if len(image_positions) > 0:
+                mask[text_pos, image_positions] = 0.0
+            mask[text_pos, text_positions[: i + 1]] = 0.0
+        masks.append(mask)
+    return torch.stack(masks, dim=0).unsqueeze(1)
+
+
+class OldInner:
+    """Stands for vLLM 0.24's encoder inner model: the per-position mask method only."""
+
+    def _create_custom_4d_mask(self, sequence_length: int, dtype: Any, device: Any,
+                               batch_size: int, token_type_ids: Any) -> Any:
+        self.slow_calls = getattr(self, "slow_calls", 0) + 1
+        return mask_vllm_024(sequence_length, dtype, device, batch_size, token_type_ids)
+
+
+def old_encoder() -> Any:
+    inner = OldInner()
+    return type("Encoder", (), {"model": type("Decoder", (), {"model": inner})()})(), inner
+
+
+def token_types(batch: int, n: int) -> Any:
+    return torch.cat([torch.zeros(batch, n, dtype=torch.long),
+                      torch.ones(batch, n, dtype=torch.long)], dim=1)
+
+
+@pytest.mark.parametrize("n", [144, 256, 5])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_vectorised_mask_is_vllm_024s_mask(n: int, dtype: str) -> None:
+    dt = getattr(torch, dtype)
+    encoder, inner = old_encoder()
+    assert dsocr2_fast.patch_mask(encoder)
+    for batch in (1, 3):
+        ids = token_types(batch, n)
+        want = mask_vllm_024(2 * n, dt, "cpu", batch, ids)
+        got = inner._create_custom_4d_mask(2 * n, dt, torch.device("cpu"), batch, ids)
+        assert got.shape == want.shape == (batch, 1, 2 * n, 2 * n)
+        assert got.dtype == dt
+        assert torch.equal(got, want)
+    assert getattr(inner, "slow_calls", 0) == 0  # the fixed pattern never took the loop
+
+
+def test_other_patterns_and_the_switch_use_the_original_mask() -> None:
+    encoder, inner = old_encoder()
+    assert dsocr2_fast.patch_mask(encoder)
+    assert not dsocr2_fast.patch_mask(encoder)  # once only
+    odd = torch.tensor([[0, 1, 0, 1, 1, 0]])
+    got = inner._create_custom_4d_mask(6, torch.float32, torch.device("cpu"), 1, odd)
+    assert inner.slow_calls == 1
+    assert torch.equal(got, mask_vllm_024(6, torch.float32, "cpu", 1, odd))
+    inner._ocrd_fast = False  # what FastDeepseekOCR2ForCausalLM.ocrd_set_fast(False) does
+    inner._create_custom_4d_mask(8, torch.float32, torch.device("cpu"), 1, token_types(1, 4))
+    assert inner.slow_calls == 2
+
+
+def test_encoders_with_the_mask_built_by_tensor_ops_are_left_alone() -> None:
+    class NewInner(OldInner):
+        compute_mask_base = staticmethod(lambda *a: None)
+
+    encoder = type("E", (), {"model": type("D", (), {"model": NewInner()})()})()
+    assert not dsocr2_fast.patch_mask(encoder)
+
+
+# ---- batched encoding against vLLM's per-page loop ---------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Any:
+    """vLLM's own encoder classes, tiny (as tests/vllm_engine/plugin builds them), in a
+    FastDeepseekOCR2ForCausalLM shell (the language model is not needed here)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.models.deepencoder import ImageEncoderViT
+    from vllm.model_executor.models.deepencoder2 import build_qwen2_decoder_as_encoder
+
+    torch.manual_seed(0)
+    with set_current_vllm_config(VllmConfig()):
+        model = object.__new__(dsocr2_fast.FastDeepseekOCR2ForCausalLM)
+        torch.nn.Module.__init__(model)
+        model.sam_model = ImageEncoderViT(
+            depth=2, embed_dim=64, img_size=1024, mlp_ratio=4,
+            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), num_heads=2, patch_size=16,
+            qkv_bias=True, use_rel_pos=True, global_attn_indexes=(1,), window_size=14,
+            out_chans=256, last_conv_output=64)
+        model.qwen2_model = build_qwen2_decoder_as_encoder(
+            decoder_layer=1, hidden_dimension=64, num_attention_heads=2,
+            num_key_value_heads=1, intermediate_size=128)
+    model.projector = torch.nn.Linear(64, 32)
+    model.view_seperator = torch.nn.Parameter(torch.randn(32))
+    with torch.no_grad():  # vLLM allocates its weights uninitialised: give them values
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn_like(p) * (1.0 / max(1, p[0].numel())) ** 0.5)
+            else:  # norms and biases
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model.ocrd_fast = True
+    model.ocrd_mask_patched = False
+    return model.eval()
+
+
+def pages(grids: list[tuple[int, int]]) -> tuple[Any, Any, Any]:
+    g = torch.Generator().manual_seed(7)
+    n_tiles = sum(w * h for w, h in grids if w > 1 or h > 1)
+    pixel_values = torch.randn(len(grids), 3, 1024, 1024, generator=g)
+    crops = torch.randn(n_tiles, 3, 768, 768, generator=g)  # [0, ...] when none is tiled
+    return pixel_values, crops, torch.tensor(grids)
+
+
+@pytest.mark.parametrize("grids", [[(2, 3), (1, 1), (1, 2)], [(1, 1)], [(3, 2)]])
+def test_batched_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
+
+    monkeypatch.setattr(dsocr2_fast, "GLOBAL_VIEWS_PER_CALL", 2)  # chunking runs too
+    monkeypatch.setattr(dsocr2_fast, "TILES_PER_CALL", 4)
+    pixel_values, crops, spatial = pages(grids)
+    with torch.no_grad():
+        want = DeepseekOCR2ForCausalLM._pixel_values_to_embedding(
+            tiny_model, pixel_values=pixel_values, images_crop=crops,
+            images_spatial_crop=spatial)
+        got = tiny_model._pixel_values_to_embedding(pixel_values, crops, spatial)
+        tiny_model.ocrd_set_fast(False)
+        again = tiny_model._pixel_values_to_embedding(pixel_values, crops, spatial)
+        tiny_model.ocrd_set_fast(True)
+    assert len(got) == len(want) == len(grids)
+    for g, w, a, (cols, rows) in zip(got, want, again, grids, strict=True):
+        tiles = cols * rows if cols > 1 or rows > 1 else 0
+        assert g.shape == w.shape == (tiles * 144 + 256 + 1, 32)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        assert torch.equal(a, w)  # switched off: vLLM's own path
+    assert not torch.allclose(got[0][:128], got[0][128:256])  # tokens are not all alike
+
+
+def test_vectorised_mask_is_upstreams_cached_mask(tiny_model: Any) -> None:
+    """vLLM after 0.24 builds the same mask itself (compute_mask_base); this vLLM does."""
+    upstream = type(tiny_model.qwen2_model.model.model).compute_mask_base
+    for n in (144, 256):
+        for dt in (torch.bfloat16, torch.float32):
+            assert torch.equal(dsocr2_fast.encoder_mask(2 * n, dt, torch.device("cpu")),
+                               upstream(2 * n, dt, torch.device("cpu")))
+
+
+# ---- the plugin ------------------------------------------------------------------------
+
+def test_plugin_registers_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm import ModelRegistry
+
+    def registered() -> str:
+        entry = ModelRegistry.models[vllm_plugin.ARCHITECTURE]
+        return f"{getattr(entry, 'module_name', '')}:{getattr(entry, 'class_name', '')}"
+
+    before = registered()
+    try:
+        monkeypatch.delenv(vllm_plugin.ENV, raising=False)
+        vllm_plugin.use(False)
+        vllm_plugin.register()
+        assert registered() == vllm_plugin.VLLM_CLASS
+        monkeypatch.setenv(vllm_plugin.ENV, "1")
+        vllm_plugin.register()
+        assert registered() == vllm_plugin.MODEL_CLASS
+    finally:
+        if before.partition(":")[0]:
+            ModelRegistry.register_model(vllm_plugin.ARCHITECTURE, before)
+
+
+def test_plugin_is_installed_with_ocrd() -> None:
+    """scripts/test installs ocrd with pip: vLLM finds the entry point."""
+    assert vllm_plugin.installed()
