@@ -54,7 +54,7 @@ VOCAB = 129280
 NGRAM_ARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}
 SERVER_PORT = 8765
 VLLM_NGRAM = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
-FAST_NGRAM = "bench.gpu_lp:FastNGramPerReqLogitsProcessor"
+OCRD_NGRAM = "ocrd.engines.ngram:NGramBanLogitsProcessor"  # ocrd's production default
 BAN_EOS = "bench.gpu_lp:BanEos"
 ENV = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -643,10 +643,12 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     engine = engine_settings(args.tiny, args.model)
     engine["vllm"]["api_servers"] = api_servers
     engine["vllm"]["server_port"] = SERVER_PORT
-    ngram = FAST_NGRAM if args.fast_ngram else VLLM_NGRAM  # the recipe's by default
+    ngram = VLLM_NGRAM if args.vllm_ngram else OCRD_NGRAM
     engine["vllm"]["engine_args"]["logits_processors"] = [ngram, BAN_EOS]
+    engine["vllm"]["fast_encoder"] = not args.stock_encoder
     result: dict[str, Any] = {"phase": phase, "api_servers": api_servers, "T": T,
-                              "ngram": ngram, "rows": []}
+                              "ngram": ngram, "fast_encoder": not args.stock_encoder,
+                              "rows": []}
     work = args.work / phase
     n_ocrd = s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"]
     pdfs = make_pdfs(work / "pdfs", n_ocrd, s["per_file"], 100_000)
@@ -791,9 +793,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiny", action="store_true", help="CPU dry run with the tests' tiny model")
     p.add_argument("--api-servers", type=int, default=None)
     p.add_argument("--quiet", type=float, default=5.0, help="inbox quiet_seconds")
-    p.add_argument("--fast-ngram", action="store_true",
-                   help="daemon phases: the experimental n-gram processor of bench/gpu_lp.py "
-                        "instead of the recipe's")
+    p.add_argument("--vllm-ngram", action="store_true",
+                   help="daemon phases: vLLM's own n-gram processor instead of ocrd's")
+    p.add_argument("--stock-encoder", action="store_true",
+                   help="daemon phases: engine.vllm.fast_encoder false (vLLM's encoder path)")
     p.add_argument("--restart", action="store_true", help="managed: kill the server once")
     p.add_argument("--merge", type=Path, action="append", default=[],
                    help="report: also the results in this folder (repeatable)")

@@ -262,7 +262,10 @@ class ManagedServerEngine(Engine):
     async def _launch(self) -> None:
         """Start one server and wait for /health; EngineDead if it exits or never answers."""
         cmd = self.command()
-        env = {**os.environ, **vllm_plugin.environment(self.cfg.vllm.fast_encoder),
+        # The server sets up vLLM's logging itself (ocrd's own process turns that off to
+        # route vLLM through its handler): its lines reach ocrd's log as vllm_server.
+        env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1",
+               **vllm_plugin.environment(self.cfg.vllm.fast_encoder),
                **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         t0 = time.monotonic()
         self._tail.clear()

@@ -26,8 +26,10 @@ from ocrd.errors import EngineDead, EngineUnavailable
 
 log = structlog.get_logger(__name__)
 
-# vLLM's recipe for DeepSeek-OCR-2's logits processor (n-gram ban with per-request args).
-NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+# The recipe's logits processor for DeepSeek-OCR-2 (n-gram ban with per-request args):
+# ocrd's drop-in for vLLM's NGramPerReqLogitsProcessor, same bans at a fraction of the
+# engine time (ocrd/engines/ngram.py). vLLM imports it by name in its engine core.
+NGRAM_PROCESSOR = "ocrd.engines.ngram:NGramBanLogitsProcessor"
 # How long close() lets vLLM's shutdown() take before giving up on it.
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 
@@ -169,10 +171,11 @@ class _VllmApi:
                 "install it with: pip install 'ocrd[vllm]'", name="vllm") from e
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
+
+        from ocrd.engines.ngram import NGramBanLogitsProcessor
 
         try:  # vLLM >= 0.19 can end a looping request early
             from vllm.sampling_params import RepetitionDetectionParams
@@ -186,7 +189,7 @@ class _VllmApi:
             RepetitionDetectionParams=RepetitionDetectionParams,
             EngineDeadError=EngineDeadError,
             final_only=RequestOutputKind.FINAL_ONLY,
-            ngram_processor=NGramPerReqLogitsProcessor,
+            ngram_processor=NGramBanLogitsProcessor,
         )
 
 
