@@ -72,7 +72,7 @@ def sizes(tiny: bool) -> dict[str, Any]:
                 "latency_n": 2, "max_num_seqs": 4, "api_servers": 2, "timeout": 600}
     return {"T": 1024, "baseline_pages": 256, "ceiling_pages": 256, "prerender": 16,
             "encoder_pages": 8,
-            "direct_pages": 384, "ocrd_pages": 384, "inproc_pages": 256, "per_file": 8,
+            "direct_pages": 768, "ocrd_pages": 768, "inproc_pages": 256, "per_file": 8,
             "latency_n": 3, "max_num_seqs": 256, "api_servers": 8, "timeout": 400}
 
 

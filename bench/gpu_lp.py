@@ -28,7 +28,10 @@ class BanEos(LogitsProcessor):
         eos = (getattr(mc.hf_text_config, "eos_token_id", None)
                or getattr(mc.hf_config, "eos_token_id", None)
                or int(os.environ.get("BENCH_EOS_ID", "2")))
-        self.eos = [eos] if isinstance(eos, int) else list(eos)
+        eos = [eos] if isinstance(eos, int) else list(eos)
+        # a device index made once: building it from a list every step would copy it
+        # from pageable memory, which waits for the GPU and stalls async scheduling
+        self.eos = torch.tensor(eos, dtype=torch.long, device=device)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -37,7 +40,7 @@ class BanEos(LogitsProcessor):
         pass
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        logits[:, self.eos] = float("-inf")
+        logits.index_fill_(1, self.eos, float("-inf"))
         return logits
 
 

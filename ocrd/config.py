@@ -148,6 +148,10 @@ class VllmConfig(_Strict):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_model_len: int = Field(default=8192, ge=256)
     max_num_seqs: int = Field(default=100, ge=1)
+    # Tokens one engine step may take in (decode + prefill of new pages, and the budget
+    # of page images encoded per step: ~1.1k tokens per A4 page). vLLM's offline default
+    # on large GPUs; `vllm serve` would default to 8192. 0: vLLM's default.
+    max_num_batched_tokens: int = Field(default=16384, ge=0)
     tensor_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
     # Front-end processes that prepare page images (one prepares ~5 A4 pages/s). 1: the

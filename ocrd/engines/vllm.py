@@ -95,6 +95,8 @@ def recipe_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         "gpu_memory_utilization": v.gpu_memory_utilization,
         "max_model_len": v.max_model_len,
         "max_num_seqs": v.max_num_seqs,
+        **({"max_num_batched_tokens": v.max_num_batched_tokens}
+           if v.max_num_batched_tokens else {}),
         "tensor_parallel_size": v.tensor_parallel_size,
         "data_parallel_size": v.data_parallel_size,
         # Recipe: pages never share a prefix worth caching, and caching processed images

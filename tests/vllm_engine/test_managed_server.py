@@ -124,6 +124,7 @@ def test_server_arguments_follow_the_recipe_and_the_config() -> None:
     assert flags["--served-model-name"] == "deepseek-ai/DeepSeek-OCR-2"
     assert flags["--max-num-seqs"] == "256" and flags["--gpu-memory-utilization"] == "0.8"
     assert flags["--mm-processor-cache-gb"] == "0"
+    assert flags["--max-num-batched-tokens"] == "16384"
     assert args[args.index("--logits-processors") + 1] == NGRAM_PROCESSOR
     assert "--no-enable-prefix-caching" in args and "--enforce-eager" in args
     # the guard and the user's own overrides, merged
