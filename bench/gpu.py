@@ -9,10 +9,13 @@ page generates exactly T output tokens (ignore_eos for vLLM alone; the benchmark
 logits processor bench.gpu_lp:BanEos for the daemon's requests). Every page is a
 different A4 image (1190×1684 at 144 dpi → 2×3 tiles, 1121 image tokens). Phases:
 
-  offline   vLLM alone: `LLM.generate` of all pages at once (the baseline), the cost of
-            preparing one page on the front-end thread (A4 and at the tile grid's size),
-            and GPU-only ceilings: pages prepared untimed, then decoded with no n-gram
-            ban, with ocrd's n-gram ban, and with vLLM's.
+  offline   One engine with ocrd's fast-encoder model, switched between vLLM's encoder
+            path and ocrd's (apply_model): the encoder alone on A4-shaped inputs (ms
+            per page, largest difference of the embeddings); vLLM alone: `LLM.generate`
+            of all pages at once (the baseline), with either encoder path; the cost of
+            preparing one page on the front-end thread (A4 and at the tile grid's size);
+            GPU-only ceilings: pages prepared untimed, then decoded with vLLM's encoder
+            path, and with ocrd's with no n-gram ban, vLLM's ban and ocrd's.
   managed   ocrd's daemon with engine.vllm.api_servers=N (a supervised local
             `vllm serve --api-server-count N`): a plain HTTP client straight to that server
             (the direct configuration), then PDFs dropped into the inbox until every .md
