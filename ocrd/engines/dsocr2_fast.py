@@ -25,6 +25,7 @@ kernels). ocrd registers the class for the architecture through its vLLM plugin
 from __future__ import annotations
 
 import functools
+import inspect
 from types import MethodType
 from typing import Any
 
@@ -132,6 +133,21 @@ def batched_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torc
     return out
 
 
+def unsupported(model: Any) -> str | None:
+    """Why the batched path cannot stand in for this model's own, or None. It relies on
+    the modules vLLM 0.16-0.32 build and on the per-page method it replaces."""
+    for name in ("sam_model", "qwen2_model", "projector", "view_seperator"):
+        if not hasattr(model, name):
+            return f"the model has no {name}"
+    method = getattr(DeepseekOCR2ForCausalLM, "_pixel_values_to_embedding", None)
+    if method is None:
+        return "vLLM's model has no _pixel_values_to_embedding"
+    params = list(inspect.signature(method).parameters)
+    if params != ["self", "pixel_values", "images_crop", "images_spatial_crop"]:
+        return f"_pixel_values_to_embedding takes {params[1:]}"
+    return None
+
+
 class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
     """vLLM's DeepSeek-OCR-2 with the batched encoder (and, on old vLLM, the vectorised
     mask). `ocrd_set_fast(False)` switches back to vLLM's own code path (bench/gpu.py
@@ -139,12 +155,19 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.ocrd_fast = True
-        self.ocrd_mask_patched = patch_mask(self.qwen2_model)
+        why_not = unsupported(self)
+        self.ocrd_fast = why_not is None
+        self.ocrd_mask_patched = self.ocrd_fast and patch_mask(self.qwen2_model)
+        if why_not:
+            logger.warning("ocrd's fast DeepSeek-OCR-2 encoder is off: %s (this vLLM's "
+                           "model differs from the one it was written for); vLLM's own "
+                           "encoder path is used", why_not)
+            return
         logger.info("%s: batched views; vectorised mask %s", LOADED_MARK,
                     "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)")
 
     def ocrd_set_fast(self, on: bool) -> bool:
+        on = on and unsupported(self) is None
         self.ocrd_fast = on
         if self.ocrd_mask_patched:
             self.qwen2_model.model.model._ocrd_fast = on

@@ -11,6 +11,7 @@ class lazily, when it builds that architecture.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from importlib import metadata
 
@@ -26,8 +27,17 @@ LOADED_MARK = "ocrd fast DeepSeek-OCR-2 encoder"
 
 def register() -> None:
     """vllm.general_plugins entry point."""
-    if os.environ.get(ENV) == "1":
+    if os.environ.get(ENV) == "1" and has_model_code():
         use(True)
+
+
+def has_model_code() -> bool:
+    """Whether this vLLM has DeepSeek-OCR-2's model code to build on (without importing
+    it: this runs in every vLLM process)."""
+    try:
+        return importlib.util.find_spec(VLLM_CLASS.partition(":")[0]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def use(fast: bool) -> None:

@@ -198,6 +198,28 @@ def test_plugin_registers_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> No
             ModelRegistry.register_model(vllm_plugin.ARCHITECTURE, before)
 
 
+def test_plugin_stays_out_of_a_vllm_without_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm import ModelRegistry
+
+    assert vllm_plugin.has_model_code()  # this vLLM has it
+    before = ModelRegistry.models[vllm_plugin.ARCHITECTURE]
+    monkeypatch.setenv(vllm_plugin.ENV, "1")
+    monkeypatch.setattr(vllm_plugin, "has_model_code", lambda: False)
+    vllm_plugin.register()
+    assert ModelRegistry.models[vllm_plugin.ARCHITECTURE] is before
+
+
+def test_a_model_unlike_vllms_keeps_vllms_path(tiny_model: Any) -> None:
+    assert dsocr2_fast.unsupported(tiny_model) is None
+    shell = object.__new__(dsocr2_fast.FastDeepseekOCR2ForCausalLM)
+    torch.nn.Module.__init__(shell)
+    for name in ("sam_model", "qwen2_model", "projector"):
+        setattr(shell, name, getattr(tiny_model, name))
+    assert dsocr2_fast.unsupported(shell) == "the model has no view_seperator"
+    shell.ocrd_mask_patched = False
+    assert shell.ocrd_set_fast(True) is False  # cannot be switched on
+
+
 def test_plugin_is_installed_with_ocrd() -> None:
     """scripts/test installs ocrd with pip: vLLM finds the entry point."""
     assert vllm_plugin.installed()
