@@ -337,8 +337,8 @@ def phase_offline(args: argparse.Namespace) -> None:
         print("ENGINE", json.dumps(result), flush=True)
         only = set(args.only.split(",")) if args.only else None
 
-        def fast(on: bool) -> None:
-            llm.apply_model(functools.partial(_set_fast, on=on))
+        def encoder(mode: str) -> None:
+            llm.apply_model(functools.partial(_set_mode, mode=mode))
 
         if not only or "encoder" in only:
             result["encoder"] = llm.apply_model(functools.partial(
@@ -368,12 +368,13 @@ def phase_offline(args: argparse.Namespace) -> None:
 
         generate("warmup", requests(10_000, 8), 32)
         if not only or "baseline" in only:
-            fast(False)
+            encoder("stock")
             generate("vllm_offline_all_at_once", requests(20_000, s["baseline_pages"]), T)
-        if not only or "baseline_fast" in only:
-            fast(True)
-            generate("vllm_offline_all_at_once_fast_encoder",
-                     requests(25_000, s["baseline_pages"]), T)
+        for i, mode in enumerate(("page", "batched")):
+            if not only or f"baseline_{mode}" in only:
+                encoder(mode)
+                generate(f"vllm_offline_all_at_once_{mode}_encoder",
+                         requests(25_000 + 1000 * i, s["baseline_pages"]), T)
 
         # The front end's own cost per page: vLLM's input processing, A4 and grid-sized.
         renderer = eng.renderer
@@ -407,13 +408,17 @@ def phase_offline(args: argparse.Namespace) -> None:
                                       ngram=ngram or "none"))
             save(args.out, "offline", result)
 
-        # vLLM's encoder path first (the earlier ceiling), then ocrd's
-        for encoder, ngram, label in ((False, None, "stock_no"), (True, None, "fast_no"),
-                                      (True, "vllm", "fast_vllm"), (True, "fast", "fast_ocrd")):
+        # vLLM's encoder path first (the round-1 ceiling), then ocrd's two modes; n-gram
+        # bans: none, ocrd's (production), vLLM's
+        for mode, ngram, label in (("stock", None, "stock_no"), ("page", None, "page_no"),
+                                   ("batched", None, "batched_no"),
+                                   ("page", "fast", "page_ocrd"),
+                                   ("batched", "fast", "batched_ocrd"),
+                                   ("page", "vllm", "page_vllm")):
             if not only or f"ceiling_{label}" in only:
-                fast(encoder)
+                encoder(mode)
                 decode_prepared(f"gpu_only_ceiling_{label}_ngram", s["ceiling_pages"], ngram)
-        fast(True)
+        encoder("page")
     result["gpu_mem_peak_mib"] = mem.peak
     save(args.out, "offline", result)
     print("OFFLINE", json.dumps(result), flush=True)
@@ -431,15 +436,19 @@ def _model_class(model: Any) -> str:
     return type(model).__name__
 
 
-def _set_fast(model: Any, on: bool) -> bool | None:
-    switch = getattr(model, "ocrd_set_fast", None)
-    return switch(on) if switch else None
+def _set_mode(model: Any, mode: str) -> str | None:
+    """stock: vLLM's encoder code; page / batched: ocrd's two modes."""
+    if not hasattr(model, "ocrd_set_fast"):
+        return None
+    model.ocrd_set_fast(mode != "stock")
+    model.ocrd_batched = mode == "batched"
+    return mode
 
 
 def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
-    """vLLM's per-page encoder loop against ocrd's batched one on the same A4-shaped
-    inputs (a global view and 2×3 tiles per page): wall time per page with the GPU
-    synchronised, and how far the embeddings differ."""
+    """vLLM's per-page encoder code against ocrd's two modes on the same A4-shaped inputs
+    (a global view and 2×3 tiles per page): wall time per page with the GPU synchronised,
+    and how far the embeddings differ from vLLM's."""
     import torch
 
     if not hasattr(model, "ocrd_set_fast"):
@@ -454,8 +463,8 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
     sync = torch.cuda.synchronize if p.device.type == "cuda" else (lambda: None)
     embeddings = {}
     with torch.inference_mode():
-        for on in (False, True):
-            model.ocrd_set_fast(on)
+        for mode in ("stock", "page", "batched"):
+            _set_mode(model, mode)
             model._pixel_values_to_embedding(pixel_values[:2], crops[:12], spatial[:2])
             sync()
             times = []
@@ -464,17 +473,15 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
                 e = model._pixel_values_to_embedding(pixel_values, crops, spatial)
                 sync()
                 times.append(time.perf_counter() - t0)
-            out["fast_ms_per_page" if on else "stock_ms_per_page"] = round(
-                min(times) / pages * 1000, 2)
-            embeddings[on] = e
-        diff = max((a.float() - b.float()).abs().max().item()
-                   for a, b in zip(embeddings[True], embeddings[False], strict=True))
-        scale = max(b.float().abs().max().item() for b in embeddings[False])
-    model.ocrd_set_fast(True)
-    out["max_abs_diff"] = diff
-    out["max_abs_value"] = scale
-    out["shapes_equal"] = all(a.shape == b.shape for a, b in
-                              zip(embeddings[True], embeddings[False], strict=True))
+            out[f"{mode}_ms_per_page"] = round(min(times) / pages * 1000, 2)
+            embeddings[mode] = e
+        for mode in ("page", "batched"):
+            pairs = list(zip(embeddings[mode], embeddings["stock"], strict=True))
+            out[f"{mode}_max_abs_diff"] = max((a.float() - b.float()).abs().max().item()
+                                              for a, b in pairs)
+            out[f"{mode}_shapes_equal"] = all(a.shape == b.shape for a, b in pairs)
+        out["max_abs_value"] = max(b.float().abs().max().item() for b in embeddings["stock"])
+    _set_mode(model, "page")
     return out
 
 
@@ -649,8 +656,10 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     ngram = VLLM_NGRAM if args.vllm_ngram else OCRD_NGRAM
     engine["vllm"]["engine_args"]["logits_processors"] = [ngram, BAN_EOS]
     engine["vllm"]["fast_encoder"] = not args.stock_encoder
+    engine["vllm"]["batch_encoder"] = args.batch_encoder
     result: dict[str, Any] = {"phase": phase, "api_servers": api_servers, "T": T,
                               "ngram": ngram, "fast_encoder": not args.stock_encoder,
+                              "batch_encoder": args.batch_encoder,
                               "rows": []}
     work = args.work / phase
     n_ocrd = s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"]
@@ -804,8 +813,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--merge", type=Path, action="append", default=[],
                    help="report: also the results in this folder (repeatable)")
     p.add_argument("--only", default="", help="offline: some of encoder,baseline,"
-                   "baseline_fast,ceiling_stock_no,ceiling_fast_no,ceiling_fast_vllm,"
-                   "ceiling_fast_ocrd (default: all)")
+                   "baseline_page,baseline_batched,ceiling_stock_no,ceiling_page_no,"
+                   "ceiling_batched_no,ceiling_page_ocrd,ceiling_batched_ocrd,"
+                   "ceiling_page_vllm (default: all)")
+    p.add_argument("--batch-encoder", action="store_true",
+                   help="daemon phases: engine.vllm.batch_encoder true (round 2's setting)")
     args = p.parse_args(argv)
     for k, v in ENV.items():
         os.environ.setdefault(k, v)

@@ -165,6 +165,11 @@ class VllmConfig(_Strict):
     # engine time per page on an H200 (ocrd/engines/dsocr2_fast.py, bench/GPU_RESULTS.md).
     # Needs ocrd installed with its entry points (pip install), which vLLM loads.
     fast_encoder: bool = True
+    # With fast_encoder: encode the step's pages together instead of page by page. The
+    # fastest configuration measured on an H200; a page's embeddings then round slightly
+    # differently depending on which pages share its step (vLLM's batching of the
+    # language model does the same on a GPU). Off: the same embeddings as vLLM, to the bit.
+    batch_encoder: bool = False
     # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
     # with api_servers > 1 they become `vllm serve` flags (enforce_eager → --enforce-eager).
     engine_args: dict[str, Any] = Field(default_factory=dict)

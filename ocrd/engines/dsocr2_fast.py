@@ -10,22 +10,28 @@ On an H200 that engine-side work cost ~0.16 s per page and capped the whole engi
 
 `FastDeepseekOCR2ForCausalLM` keeps vLLM's modules and weights and changes only how they
 are called:
-- the global views of every page in the step go through SAM → Qwen2 → projector
-  together, and so do all their tiles (chunked to bound the memory of SAM's attention
-  bias); one host sync per step instead of one per page;
 - where vLLM's encoder still has the per-position mask (no `compute_mask_base`, added
   upstream after 0.24), the mask is built once per sequence length with tensor ops —
-  the same mask (tests/vllm_engine/test_fast_encoder.py checks it against 0.24's loop).
+  the same mask (tests/vllm_engine/test_fast_encoder.py checks it against 0.24's loop);
+- one host sync per step (the pages' tile grids) instead of one or two per page;
+- mode "page" (the default) then encodes page by page with the very shapes vLLM uses
+  (global view alone, the page's tiles together): the same embeddings to the bit, and a
+  page's embeddings never depend on which other pages share its engine step;
+- mode "batched" puts the global views of every page in the step through SAM → Qwen2 →
+  projector together, and all their tiles too (chunked to bound the memory of SAM's
+  attention bias): fewer, larger GPU calls, the same embeddings up to the rounding of
+  kernels chosen for the larger shapes — which then varies with the step's other pages.
 
-The outputs are the same embeddings in the same order (up to the rounding of batched
-kernels). ocrd registers the class for the architecture through its vLLM plugin
-(`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on.
+ocrd registers the class for the architecture through its vLLM plugin
+(`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
+`engine.vllm.batch_encoder` through the same environment variable.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 from types import MethodType
 from typing import Any
 
@@ -33,7 +39,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
-from ocrd.engines.vllm_plugin import LOADED_MARK
+from ocrd.engines.vllm_plugin import BATCHED, ENV, LOADED_MARK
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
 logger = init_logger("vllm.ocrd.dsocr2_fast")
@@ -108,25 +114,31 @@ def _encode_views(model: Any, views: torch.Tensor, per_call: int) -> torch.Tenso
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def batched_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.Tensor,
-                       images_spatial_crop: torch.Tensor) -> list[torch.Tensor]:
+def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.Tensor,
+                    images_spatial_crop: torch.Tensor, batched: bool) -> list[torch.Tensor]:
     """What vLLM's `_pixel_values_to_embedding` returns (per page: its tiles' tokens, its
-    global view's tokens, the view separator), computed with batched encoder calls."""
+    global view's tokens, the view separator): page by page with vLLM's own shapes, or
+    with the step's pages batched together."""
     grids = images_spatial_crop.tolist()  # the step's only host sync
     tiles = [w * h if (w > 1 or h > 1) else 0 for w, h in grids]
     pages = len(grids)
-    global_tokens = _encode_views(model, pixel_values[:pages], GLOBAL_VIEWS_PER_CALL)
-    total_tiles = sum(tiles)
-    local_tokens = (_encode_views(model, images_crop[:total_tiles], TILES_PER_CALL)
-                    if total_tiles else None)
+    starts = [sum(tiles[:page]) for page in range(pages)]
+    if batched:
+        global_tokens = _encode_views(model, pixel_values[:pages], GLOBAL_VIEWS_PER_CALL)
+        total_tiles = sum(tiles)
+        local_tokens = (_encode_views(model, images_crop[:total_tiles], TILES_PER_CALL)
+                        if total_tiles else None)
     separator = model.view_seperator[None, :]
     out: list[torch.Tensor] = []
-    first = 0
     for page in range(pages):
-        g = global_tokens[page]
-        if tiles[page]:
-            local = local_tokens[first:first + tiles[page]]
-            first += tiles[page]
+        first, n = starts[page], tiles[page]
+        if batched:
+            g = global_tokens[page]
+            local = local_tokens[first:first + n] if n else None
+        else:  # vLLM's shapes: the global view alone, then the page's tiles together
+            g = _encode_views(model, pixel_values[page:page + 1], 1)[0]
+            local = _encode_views(model, images_crop[first:first + n], n) if n else None
+        if local is not None:
             out.append(torch.cat([local.reshape(-1, local.shape[-1]), g, separator], dim=0))
         else:
             out.append(torch.cat([g, separator], dim=0))
@@ -149,13 +161,14 @@ def unsupported(model: Any) -> str | None:
 
 
 class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
-    """vLLM's DeepSeek-OCR-2 with the batched encoder (and, on old vLLM, the vectorised
-    mask). `ocrd_set_fast(False)` switches back to vLLM's own code path (bench/gpu.py
-    compares both inside one engine)."""
+    """vLLM's DeepSeek-OCR-2 with ocrd's encoder paths (see the module's text).
+    `ocrd_set_fast(False)` switches back to vLLM's own code path and `ocrd_batched` picks
+    the mode (bench/gpu.py compares them inside one engine)."""
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         why_not = unsupported(self)
+        self.ocrd_batched = os.environ.get(ENV) == BATCHED
         self.ocrd_fast = why_not is None
         self.ocrd_mask_patched = self.ocrd_fast and patch_mask(self.qwen2_model)
         if why_not:
@@ -163,7 +176,8 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                            "model differs from the one it was written for); vLLM's own "
                            "encoder path is used", why_not)
             return
-        logger.info("%s: batched views; vectorised mask %s", LOADED_MARK,
+        logger.info("%s: %s; vectorised mask %s", LOADED_MARK,
+                    "pages batched" if self.ocrd_batched else "page by page",
                     "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)")
 
     def ocrd_set_fast(self, on: bool) -> bool:
@@ -180,4 +194,5 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
             return super()._pixel_values_to_embedding(
                 pixel_values=pixel_values, images_crop=images_crop,
                 images_spatial_crop=images_spatial_crop)
-        return batched_embeddings(self, pixel_values, images_crop, images_spatial_crop)
+        return page_embeddings(self, pixel_values, images_crop, images_spatial_crop,
+                               self.ocrd_batched)

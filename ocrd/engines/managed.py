@@ -265,7 +265,8 @@ class ManagedServerEngine(Engine):
         # The server sets up vLLM's logging itself (ocrd's own process turns that off to
         # route vLLM through its handler): its lines reach ocrd's log as vllm_server.
         env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1",
-               **vllm_plugin.environment(self.cfg.vllm.fast_encoder),
+               **vllm_plugin.environment(self.cfg.vllm.fast_encoder,
+                                         self.cfg.vllm.batch_encoder),
                **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         t0 = time.monotonic()
         self._tail.clear()

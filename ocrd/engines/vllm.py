@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from ocrd.config import EngineConfig
+from ocrd.config import EngineConfig, VllmConfig
 from ocrd.engines import vllm_plugin
 from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
@@ -123,16 +123,16 @@ def warn_if_plugin_missing(cfg: EngineConfig) -> None:
                         "vLLM's own, slower encoder path is used")
 
 
-def _build_engine(api: _VllmApi, kwargs: dict[str, Any], fast_encoder: bool) -> Any:
+def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
     """AsyncLLM with ocrd's vLLM plugin told whether to use the fast encoder: through
     the environment of the engine core process that vLLM spawns while building (restored
     afterwards), and directly in this process (where vLLM may have loaded its plugins
     already, and runs the engine core itself with VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    settings = vllm_plugin.environment(fast_encoder)
+    settings = vllm_plugin.environment(v.fast_encoder, v.batch_encoder)
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
-        vllm_plugin.use(fast_encoder)
+        vllm_plugin.use(v.fast_encoder)
         return api.AsyncLLM.from_engine_args(api.AsyncEngineArgs(**kwargs))
     finally:
         for key, value in saved.items():
@@ -239,7 +239,7 @@ class VllmEngine(Engine):
                  dtype=self.cfg.vllm.dtype)
         t0 = time.monotonic()
         self._engine = await asyncio.to_thread(
-            _build_engine, api, kwargs, self.cfg.vllm.fast_encoder)
+            _build_engine, api, kwargs, self.cfg.vllm)
         # Built off the loop, AsyncLLM defers its output handler task; start it here so
         # that an engine core failure is noticed even before the first page (the lazy
         # start is vLLM's own fallback; the method is private, hence the guard).

@@ -3,10 +3,11 @@
 vLLM calls `register()` in every process it starts (entry point group
 `vllm.general_plugins`, declared in pyproject.toml), including the engine core that
 builds the model and every `vllm serve` process. It does something only where ocrd asked
-for it through the environment (`OCRD_VLLM_FAST_ENCODER=1`, set by the in-process engine
-and the managed server when `engine.vllm.fast_encoder` is on), so other vLLM users on the
-same machine are left alone. This module imports nothing heavy: vLLM imports the model
-class lazily, when it builds that architecture.
+for it through the environment (`OCRD_VLLM_FAST_ENCODER=1`, or `=batched` with
+`engine.vllm.batch_encoder`, set by the in-process engine and the managed server when
+`engine.vllm.fast_encoder` is on), so other vLLM users on the same machine are left alone.
+This module imports nothing heavy: vLLM imports the model class lazily, when it builds
+that architecture.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 from importlib import metadata
 
 ENV = "OCRD_VLLM_FAST_ENCODER"
+BATCHED = "batched"
 ARCHITECTURE = "DeepseekOCR2ForCausalLM"
 MODEL_CLASS = "ocrd.engines.dsocr2_fast:FastDeepseekOCR2ForCausalLM"
 VLLM_CLASS = "vllm.model_executor.models.deepseek_ocr2:DeepseekOCR2ForCausalLM"
@@ -27,7 +29,7 @@ LOADED_MARK = "ocrd fast DeepSeek-OCR-2 encoder"
 
 def register() -> None:
     """vllm.general_plugins entry point."""
-    if os.environ.get(ENV) == "1" and has_model_code():
+    if os.environ.get(ENV) in ("1", BATCHED) and has_model_code():
         use(True)
 
 
@@ -58,6 +60,7 @@ def installed() -> bool:
     return any(p.name == ENTRY_POINT and p.value.startswith(__name__) for p in points)
 
 
-def environment(enabled: bool) -> dict[str, str]:
-    """The variables for vLLM processes ocrd starts."""
-    return {ENV: "1" if enabled else "0"}
+def environment(enabled: bool, batched: bool = False) -> dict[str, str]:
+    """The variables for vLLM processes ocrd starts: "1" encodes page by page, "batched"
+    the step's pages together, "0" leaves vLLM's model alone."""
+    return {ENV: (BATCHED if batched else "1") if enabled else "0"}

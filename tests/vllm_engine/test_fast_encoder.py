@@ -129,6 +129,7 @@ def tiny_model() -> Any:
             else:  # norms and biases
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
     model.ocrd_fast = True
+    model.ocrd_batched = False
     model.ocrd_mask_patched = False
     return model.eval()
 
@@ -141,13 +142,15 @@ def pages(grids: list[tuple[int, int]]) -> tuple[Any, Any, Any]:
     return pixel_values, crops, torch.tensor(grids)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["page", "batched"])
 @pytest.mark.parametrize("grids", [[(2, 3), (1, 1), (1, 2)], [(1, 1)], [(3, 2)]])
-def test_batched_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]],
+                                   batched: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
     monkeypatch.setattr(dsocr2_fast, "GLOBAL_VIEWS_PER_CALL", 2)  # chunking runs too
     monkeypatch.setattr(dsocr2_fast, "TILES_PER_CALL", 4)
+    monkeypatch.setattr(tiny_model, "ocrd_batched", batched)
     pixel_values, crops, spatial = pages(grids)
     with torch.no_grad():
         want = DeepseekOCR2ForCausalLM._pixel_values_to_embedding(
@@ -161,9 +164,22 @@ def test_batched_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, in
     for g, w, a, (cols, rows) in zip(got, want, again, grids, strict=True):
         tiles = cols * rows if cols > 1 or rows > 1 else 0
         assert g.shape == w.shape == (tiles * 144 + 256 + 1, 32)
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        if batched:  # other shapes, other rounding
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        else:  # vLLM's shapes: the same numbers
+            assert torch.equal(g, w)
         assert torch.equal(a, w)  # switched off: vLLM's own path
     assert not torch.allclose(got[0][:128], got[0][128:256])  # tokens are not all alike
+
+
+def test_page_by_page_ignores_the_other_pages_of_the_step(tiny_model: Any) -> None:
+    """A page's embeddings are the same alone and among others (batch invariance)."""
+    pixel_values, crops, spatial = pages([(1, 2), (2, 3), (1, 1)])
+    with torch.no_grad():
+        together = tiny_model._pixel_values_to_embedding(pixel_values, crops, spatial)
+        alone = tiny_model._pixel_values_to_embedding(pixel_values[1:2], crops[2:8],
+                                                      spatial[1:2])
+    assert torch.equal(alone[0], together[1])
 
 
 def test_vectorised_mask_is_upstreams_cached_mask(tiny_model: Any) -> None:
