@@ -67,6 +67,9 @@ ENV = {
 
 # ---- sizes: GPU or the tiny CPU dry run ------------------------------------------------
 
+MAX_NUM_SEQS: int | None = None  # --max-num-seqs
+
+
 def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         return {"T": 16, "baseline_pages": 8, "ceiling_pages": 8, "prerender": 4,
@@ -83,7 +86,8 @@ def engine_settings(tiny: bool, model: Path) -> dict[str, Any]:
     """EngineConfig fields shared by the daemon phases (recipe settings, 1024 tokens)."""
     s = sizes(tiny)
     vllm: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 8192,
-                            "gpu_memory_utilization": 0.85, "max_num_seqs": s["max_num_seqs"]}
+                            "gpu_memory_utilization": 0.85,
+                            "max_num_seqs": MAX_NUM_SEQS or s["max_num_seqs"]}
     engine_args: dict[str, Any] = {"load_format": "dummy", "seed": 0}
     if tiny:
         from tests.vllm_engine.conftest import TINY_ENGINE_ARGS, TINY_VLLM
@@ -495,6 +499,7 @@ class Daemon:
         self.root = root
         shutil.rmtree(root, ignore_errors=True)
         self.inbox, self.outbox, self.failed = root / "in", root / "out", root / "failed"
+        self.appeared: dict[str, float] = {}
         for d in (self.inbox, self.outbox):
             d.mkdir(parents=True)
         self.config = {
@@ -577,6 +582,9 @@ class Daemon:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             have = {p.name for p in self.outbox.glob("*.md")}
+            now = time.monotonic()
+            for name in have - self.appeared.keys():
+                self.appeared[name] = now  # when each output was first seen (±20 ms)
             if want <= have:
                 return time.monotonic()
             if self.failed.exists() and any(self.failed.iterdir()):
@@ -615,8 +623,30 @@ def end_sessions(sessions: set[int]) -> list[str]:
     return left
 
 
+def flow(t0: float, done: list[tuple[float, int]]) -> dict[str, Any]:
+    """How pages came out over time, from (monotonic time, pages) per finished item: the
+    fill (first finished) and the rate between a quarter and three quarters of the pages
+    done, which leaves out the pipeline's fill and its final drain (with dummy weights
+    every page has the same length, so pages finish in waves: a long run is still the
+    better measure)."""
+    done = sorted(done)
+    total = sum(n for _, n in done)
+    if not done or total < 4:
+        return {}
+    cum, marks = 0, {}
+    for t, n in done:
+        cum += n
+        for q in (0.25, 0.75):
+            if q not in marks and cum >= q * total:
+                marks[q] = (t, cum)
+    (ta, ca), (tb, cb) = marks[0.25], marks[0.75]
+    return {"first_done_s": round(done[0][0] - t0, 1),
+            "middle_pages_per_s": round((cb - ca) / (tb - ta), 3) if tb > ta else None}
+
+
 async def direct_http(url: str, model: str, urls: list[str], t: int,
-                      concurrency: int) -> tuple[float, list[float]]:
+                      concurrency: int, done: list[tuple[float, int]] | None = None
+                      ) -> tuple[float, list[float]]:
     """All pages to `vllm serve` with a plain client: the same requests ocrd sends."""
     from ocrd.engines.remote import http_request
 
@@ -638,6 +668,8 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {resp.error_text()}")
             latencies.append(time.monotonic() - t1)
+            if done is not None:
+                done.append((time.monotonic(), 1))
 
     t0 = time.monotonic()
     await asyncio.gather(*(one(b) for b in bodies))
@@ -683,11 +715,14 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
             if api_servers > 1:
                 warm = data_urls(range(400_000, 400_000 + 8))
                 asyncio.run(direct_http(server, str(args.model), warm, 32, 64))
+                done: list[tuple[float, int]] = []
+                t0 = time.monotonic()
                 dt, lat = asyncio.run(direct_http(server, str(args.model), urls, T,
-                                                  result["pages_in_flight"]))
+                                                  result["pages_in_flight"], done))
                 result["rows"].append(row(f"direct_http_vllm_serve_x{api_servers}",
                                           len(urls), dt, T=T,
-                                          latency_p50_s=round(statistics.median(lat), 2)))
+                                          latency_p50_s=round(statistics.median(lat), 2),
+                                          **flow(t0, done)))
                 save(args.out, phase, result)
             else:  # warm the in-process engine like the direct client warms the server
                 t0 = d.drop([singles[-1]])
@@ -696,7 +731,9 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
             t1 = d.wait_outputs([p.name for p in pdfs], s["timeout"])
             name = (f"ocrd_e2e_managed_x{api_servers}" if api_servers > 1
                     else "ocrd_e2e_inprocess")
-            result["rows"].append(row(name, n_ocrd, t1 - t0, T=T, files=len(pdfs)))
+            seen = [(d.appeared[Path(p.name).stem + ".md"], s["per_file"]) for p in pdfs]
+            result["rows"].append(row(name, n_ocrd, t1 - t0, T=T, files=len(pdfs),
+                                      **flow(t0, seen)))
             save(args.out, phase, result)
             # one page into the idle daemon, several times
             lat = []
@@ -816,9 +853,13 @@ def main(argv: list[str] | None = None) -> None:
                    "baseline_page,baseline_batched,ceiling_stock_no,ceiling_page_no,"
                    "ceiling_batched_no,ceiling_page_ocrd,ceiling_batched_ocrd,"
                    "ceiling_page_vllm (default: all)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="pages decoded at once (default 256 on a GPU)")
     p.add_argument("--batch-encoder", action="store_true",
                    help="daemon phases: engine.vllm.batch_encoder true (round 2's setting)")
     args = p.parse_args(argv)
+    global MAX_NUM_SEQS
+    MAX_NUM_SEQS = args.max_num_seqs
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
     # a timeout's SIGTERM unwinds (finally: blocks stop the daemon) instead of vanishing
