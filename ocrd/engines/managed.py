@@ -332,6 +332,8 @@ class ManagedServerEngine(Engine):
                 log.info("vllm_server", pid=proc.pid, line=text)
                 if vllm_plugin.LOADED_MARK in text:
                     self.fast_encoder_loaded = True
+                    log.info("vllm_fast_encoder_active", pid=proc.pid,
+                             batched=self.cfg.vllm.batch_encoder)
 
     def output_tail(self, lines: int = 25) -> str:
         return "\n".join(list(self._tail)[-lines:])
