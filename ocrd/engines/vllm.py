@@ -132,7 +132,8 @@ def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
-        vllm_plugin.use(v.fast_encoder)
+        if vllm_plugin.has_model_code():
+            vllm_plugin.use(v.fast_encoder)
         return api.AsyncLLM.from_engine_args(api.AsyncEngineArgs(**kwargs))
     finally:
         for key, value in saved.items():
