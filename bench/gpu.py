@@ -67,9 +67,6 @@ ENV = {
 
 # ---- sizes: GPU or the tiny CPU dry run ------------------------------------------------
 
-MAX_NUM_SEQS: int | None = None  # --max-num-seqs
-
-
 def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         return {"T": 16, "baseline_pages": 8, "ceiling_pages": 8, "prerender": 4,
@@ -82,12 +79,12 @@ def sizes(tiny: bool) -> dict[str, Any]:
             "latency_n": 3, "max_num_seqs": 256, "api_servers": 8, "timeout": 400}
 
 
-def engine_settings(tiny: bool, model: Path) -> dict[str, Any]:
+def engine_settings(tiny: bool, model: Path, max_num_seqs: int | None = None) -> dict[str, Any]:
     """EngineConfig fields shared by the daemon phases (recipe settings, 1024 tokens)."""
     s = sizes(tiny)
     vllm: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 8192,
                             "gpu_memory_utilization": 0.85,
-                            "max_num_seqs": MAX_NUM_SEQS or s["max_num_seqs"]}
+                            "max_num_seqs": max_num_seqs or s["max_num_seqs"]}
     engine_args: dict[str, Any] = {"load_format": "dummy", "seed": 0}
     if tiny:
         from tests.vllm_engine.conftest import TINY_ENGINE_ARGS, TINY_VLLM
@@ -312,7 +309,7 @@ def phase_offline(args: argparse.Namespace) -> None:
 
     result["vllm"] = vllm.__version__
     result["import_s"] = round(time.perf_counter() - t0, 1)
-    settings = engine_settings(args.tiny, args.model)["vllm"]
+    settings = engine_settings(args.tiny, args.model, args.max_num_seqs)["vllm"]
     kwargs = {**{k: v for k, v in settings.items() if k != "engine_args"},
               **settings["engine_args"]}
     guard = HeadDimGuard()
@@ -682,7 +679,7 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     phase = "managed" if api_servers > 1 else "inproc"
     env = tiny_env() if args.tiny else {"PYTHONPATH": os.pathsep.join(
         [os.environ.get("PYTHONPATH", ""), str(ROOT)])}
-    engine = engine_settings(args.tiny, args.model)
+    engine = engine_settings(args.tiny, args.model, args.max_num_seqs)
     engine["vllm"]["api_servers"] = api_servers
     engine["vllm"]["server_port"] = SERVER_PORT
     ngram = VLLM_NGRAM if args.vllm_ngram else OCRD_NGRAM
@@ -858,8 +855,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-encoder", action="store_true",
                    help="daemon phases: engine.vllm.batch_encoder true (round 2's setting)")
     args = p.parse_args(argv)
-    global MAX_NUM_SEQS
-    MAX_NUM_SEQS = args.max_num_seqs
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
     # a timeout's SIGTERM unwinds (finally: blocks stop the daemon) instead of vanishing

@@ -32,7 +32,7 @@ from ocrd.config import EngineConfig
 from ocrd.engines import vllm_plugin
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.remote import RemoteEngine, ServerUnreachable, http_request
-from ocrd.engines.vllm import fixed_head_dim, recipe_kwargs, warn_if_plugin_missing
+from ocrd.engines.vllm import fast_encoder_usable, fixed_head_dim, recipe_kwargs
 from ocrd.errors import EngineDead, EngineUnavailable
 
 log = structlog.get_logger(__name__)
@@ -245,7 +245,7 @@ class ManagedServerEngine(Engine):
         if model_config is None:
             log.warning("vllm_server_model_config_unread", model=self.model,
                         note="no head_dim guard: vLLM 0.24 on a GPU may crash, 0.32 is fine")
-        warn_if_plugin_missing(self.cfg)
+        fast_encoder_usable(self.cfg)  # warns if asked for but not installed
         await self._launch()
         try:
             await self._client.start()  # checks that the server serves cfg.model

@@ -116,11 +116,18 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     return kwargs
 
 
-def warn_if_plugin_missing(cfg: EngineConfig) -> None:
-    if cfg.vllm.fast_encoder and not vllm_plugin.installed():
-        log.warning("vllm_fast_encoder_unavailable",
-                    why="ocrd's vLLM plugin is not installed (install ocrd with pip); "
-                        "vLLM's own, slower encoder path is used")
+def fast_encoder_usable(cfg: EngineConfig) -> bool:
+    """Whether the fast encoder is asked for and vLLM can load it; warns when asked for
+    but the plugin is not installed. Called once per engine start (reads package
+    metadata)."""
+    if not cfg.vllm.fast_encoder:
+        return False
+    if vllm_plugin.installed():
+        return True
+    log.warning("vllm_fast_encoder_unavailable",
+                why="ocrd's vLLM plugin is not installed (install ocrd with pip); "
+                    "vLLM's own, slower encoder path is used")
+    return False
 
 
 def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
@@ -208,6 +215,7 @@ class VllmEngine(Engine):
         self.max_concurrency = cfg.vllm.max_num_seqs
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._guard: HeadDimGuard | None = None
+        self._fast_encoder = False  # asked for and installed; set by start()
         self._dead = False
         self._closing = False
         self._closed = asyncio.Event()  # set by close(): streams still open give up
@@ -235,7 +243,7 @@ class VllmEngine(Engine):
             for p in kwargs.get("logits_processors") or []
         ]
         self._guard = kwargs["hf_overrides"]
-        warn_if_plugin_missing(self.cfg)
+        self._fast_encoder = fast_encoder_usable(self.cfg)
         log.info("engine_starting", kind=self.kind, model=self.model, vllm=api.version,
                  dtype=self.cfg.vllm.dtype)
         t0 = time.monotonic()
@@ -286,7 +294,7 @@ class VllmEngine(Engine):
     def describe(self) -> dict:
         info = super().describe()
         info.update(vllm=self._api.version if self._api else None, dtype=self.cfg.vllm.dtype,
-                    fast_encoder=self.cfg.vllm.fast_encoder and vllm_plugin.installed(),
+                    fast_encoder=self._fast_encoder,
                     max_model_len=self.cfg.vllm.max_model_len,
                     max_num_seqs=self.cfg.vllm.max_num_seqs)
         if self._guard is not None and self._guard.applied is not None:

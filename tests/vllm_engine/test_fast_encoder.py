@@ -12,9 +12,10 @@ from functools import partial
 from typing import Any
 
 import pytest
+from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+require_vllm()
+import torch  # noqa: E402
 
 from ocrd.engines import dsocr2_fast, vllm_plugin  # noqa: E402
 

@@ -11,9 +11,10 @@ import random
 from typing import Any
 
 import pytest
+from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+require_vllm()
+import torch  # noqa: E402
 
 from ocrd.engines.ngram import NGramBanLogitsProcessor, NoRepeatNGram  # noqa: E402
 
