@@ -291,6 +291,14 @@ def row(name: str, pages: int, seconds: float, **extra: Any) -> dict[str, Any]:
 
 # ---- phase: vLLM alone -----------------------------------------------------------------
 
+# (encoder mode, n-gram ban, label): vLLM's encoder path first (the round-1 ceiling),
+# then ocrd's modes; bans: none, ocrd's (production), vLLM's
+CEILINGS = (("stock", None, "stock_no"), ("page", None, "page_no"),
+            ("batched", None, "batched_no"), ("padded", None, "padded_no"),
+            ("page", "fast", "page_ocrd"), ("batched", "fast", "batched_ocrd"),
+            ("padded", "fast", "padded_ocrd"), ("page", "vllm", "page_vllm"))
+
+
 def phase_offline(args: argparse.Namespace) -> None:
     s = sizes(args.tiny)
     T = s["T"]
@@ -409,16 +417,15 @@ def phase_offline(args: argparse.Namespace) -> None:
                                       ngram=ngram or "none"))
             save(args.out, "offline", result)
 
-        # vLLM's encoder path first (the round-1 ceiling), then ocrd's two modes; n-gram
-        # bans: none, ocrd's (production), vLLM's
-        for mode, ngram, label in (("stock", None, "stock_no"), ("page", None, "page_no"),
-                                   ("batched", None, "batched_no"),
-                                   ("page", "fast", "page_ocrd"),
-                                   ("batched", "fast", "batched_ocrd"),
-                                   ("page", "vllm", "page_vllm")):
-            if not only or f"ceiling_{label}" in only:
-                encoder(mode)
-                decode_prepared(f"gpu_only_ceiling_{label}_ngram", s["ceiling_pages"], ngram)
+        # several sizes: with max_num_seqs above 256, how much more the GPU does at once
+        counts = [int(x) for x in args.ceiling_pages.split(",")] if args.ceiling_pages else [
+            s["ceiling_pages"]]
+        for n in counts:
+            for mode, ngram, label in CEILINGS:
+                if not only or f"ceiling_{label}" in only:
+                    encoder(mode)
+                    size = "" if n == sizes(False)["ceiling_pages"] else f"_x{n}"
+                    decode_prepared(f"gpu_only_ceiling_{label}_ngram{size}", n, ngram)
         encoder("page")
     result["gpu_mem_peak_mib"] = mem.peak
     save(args.out, "offline", result)
@@ -437,52 +444,90 @@ def _model_class(model: Any) -> str:
     return type(model).__name__
 
 
-def _set_mode(model: Any, mode: str) -> str | None:
-    """stock: vLLM's encoder code; page / batched: ocrd's two modes."""
+def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> str | None:
+    """stock: vLLM's encoder code; page / batched / padded: ocrd's modes (padded: batched
+    in calls of a fixed size). chunks: (global views, tiles) per call."""
     if not hasattr(model, "ocrd_set_fast"):
         return None
+    from ocrd.engines import dsocr2_fast
+
     model.ocrd_set_fast(mode != "stock")
-    model.ocrd_batched = mode == "batched"
+    model.ocrd_batched = mode in ("batched", "padded")
+    model.ocrd_padded = mode == "padded"
+    if chunks:
+        dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL = chunks
     return mode
 
 
+ENCODER_MODES = (("stock", None), ("page", None), ("batched", None), ("padded", None),
+                 ("padded", (4, 12)), ("padded", (2, 6)))
+
+
 def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
-    """vLLM's per-page encoder code against ocrd's two modes on the same A4-shaped inputs
-    (a global view and 2×3 tiles per page): wall time per page with the GPU synchronised,
-    and how far the embeddings differ from vLLM's."""
+    """vLLM's per-page encoder code against ocrd's modes on the same A4-shaped inputs (a
+    global view and 2×3 tiles per page): wall time per page with the GPU synchronised
+    (`pages` at once, and one page alone: a step's latency), how far the embeddings
+    differ from vLLM's, and the GPU kernels that take the time."""
     import torch
+
+    from ocrd.engines import dsocr2_fast
 
     if not hasattr(model, "ocrd_set_fast"):
         return {"error": f"{type(model).__name__} is not ocrd's fast model"}
+    default_chunks = (dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL)
     p = next(model.sam_model.parameters())
     g = torch.Generator(device=p.device).manual_seed(0)
     pixel_values = torch.randn(pages, 3, 1024, 1024, device=p.device, dtype=p.dtype,
                                generator=g)
     crops = torch.randn(6 * pages, 3, 768, 768, device=p.device, dtype=p.dtype, generator=g)
     spatial = torch.tensor([[2, 3]] * pages, dtype=torch.long)
-    out: dict[str, Any] = {"pages": pages, "mask_patched": model.ocrd_mask_patched}
+    out: dict[str, Any] = {"pages": pages, "mask_patched": model.ocrd_mask_patched,
+                           "chunks_default": list(default_chunks)}
     sync = torch.cuda.synchronize if p.device.type == "cuda" else (lambda: None)
     embeddings = {}
+
+    def timed(n: int) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            embeddings[label] = model._pixel_values_to_embedding(
+                pixel_values[:n], crops[:6 * n], spatial[:n])
+            sync()
+            times.append(time.perf_counter() - t0)
+        return round(min(times) / n * 1000, 2)
+
     with torch.inference_mode():
-        for mode in ("stock", "page", "batched"):
-            _set_mode(model, mode)
+        for mode, chunks in ENCODER_MODES:
+            label = mode if chunks is None else f"{mode}_{chunks[0]}x{chunks[1]}"
+            _set_mode(model, mode, chunks or default_chunks)
             model._pixel_values_to_embedding(pixel_values[:2], crops[:12], spatial[:2])
             sync()
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                e = model._pixel_values_to_embedding(pixel_values, crops, spatial)
-                sync()
-                times.append(time.perf_counter() - t0)
-            out[f"{mode}_ms_per_page"] = round(min(times) / pages * 1000, 2)
-            embeddings[mode] = e
-        for mode in ("page", "batched"):
-            pairs = list(zip(embeddings[mode], embeddings["stock"], strict=True))
-            out[f"{mode}_max_abs_diff"] = max((a.float() - b.float()).abs().max().item()
-                                              for a, b in pairs)
-            out[f"{mode}_shapes_equal"] = all(a.shape == b.shape for a, b in pairs)
+            out[f"{label}_one_page_ms"] = timed(1)
+            out[f"{label}_ms_per_page"] = timed(pages)
+        _set_mode(model, "page", default_chunks)
+        for label in embeddings:
+            if label == "stock":
+                continue
+            pairs = list(zip(embeddings[label], embeddings["stock"], strict=True))
+            out[f"{label}_max_abs_diff"] = max((a.float() - b.float()).abs().max().item()
+                                               for a, b in pairs)
+            out[f"{label}_shapes_equal"] = all(a.shape == b.shape for a, b in pairs)
         out["max_abs_value"] = max(b.float().abs().max().item() for b in embeddings["stock"])
-    _set_mode(model, "page")
+        if p.device.type == "cuda":  # where the batched encoder's time goes
+            _set_mode(model, "batched", default_chunks)
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                model._pixel_values_to_embedding(pixel_values, crops, spatial)
+                sync()
+            # CUDA activity only: the rows are kernels and copies (self time = time)
+            rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+            total = sum(e.self_device_time_total for e in rows) / 1000
+            out["profile_batched_gpu_ms_per_page"] = round(total / pages, 2)
+            out["profile_batched_top"] = [
+                [e.key[:90], round(e.self_device_time_total / 1000 / pages, 2), e.count]
+                for e in rows[:15]]
+    _set_mode(model, "page", default_chunks)
     return out
 
 
@@ -492,7 +537,7 @@ class Daemon:
     """`ocrd run` as a subprocess in its own session; JSON log to a file."""
 
     def __init__(self, root: Path, engine: dict, env: dict[str, str],
-                 quiet_seconds: float) -> None:
+                 quiet_seconds: float, pages_in_flight: int = 0) -> None:
         self.root = root
         shutil.rmtree(root, ignore_errors=True)
         self.inbox, self.outbox, self.failed = root / "in", root / "out", root / "failed"
@@ -503,6 +548,7 @@ class Daemon:
             "state_dir": str(root / "state"),
             "drain_timeout_seconds": 5,  # a benchmark stopped early need not drain
             "engine": engine,
+            "schedule": {"pages_in_flight": pages_in_flight},
             "metrics": {"listen": "127.0.0.1:9464"},
             "log": {"level": "info", "format": "json"},
             "inboxes": [{"path": str(self.inbox), "outbox": str(self.outbox),
@@ -691,12 +737,14 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                               "batch_encoder": args.batch_encoder,
                               "rows": []}
     work = args.work / phase
-    n_ocrd = s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"]
+    n_ocrd = args.pages or (s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"])
+    n_direct = args.pages or s["direct_pages"]
     pdfs = make_pdfs(work / "pdfs", n_ocrd, s["per_file"], 100_000)
     singles = [make_pdfs(work / f"single{i}", 1, 1, 200_000 + i)[0]
                for i in range(s["latency_n"] + 1)]
-    urls = data_urls(range(300_000, 300_000 + s["direct_pages"])) if api_servers > 1 else []
-    d = Daemon(work / "daemon", engine, env, quiet_seconds=args.quiet)
+    urls = data_urls(range(300_000, 300_000 + n_direct)) if api_servers > 1 else []
+    d = Daemon(work / "daemon", engine, env, quiet_seconds=args.quiet,
+               pages_in_flight=args.pages_in_flight)
     with GpuMemory() as mem:
         t_start = d.start()
         try:
@@ -847,11 +895,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--merge", type=Path, action="append", default=[],
                    help="report: also the results in this folder (repeatable)")
     p.add_argument("--only", default="", help="offline: some of encoder,baseline,"
-                   "baseline_page,baseline_batched,ceiling_stock_no,ceiling_page_no,"
-                   "ceiling_batched_no,ceiling_page_ocrd,ceiling_batched_ocrd,"
-                   "ceiling_page_vllm (default: all)")
+                   "baseline_page,baseline_batched, and ceiling_LABEL for the labels of "
+                   "CEILINGS (ceiling_page_ocrd, ...) (default: all)")
+    p.add_argument("--ceiling-pages", default="",
+                   help="offline: pages per GPU-only ceiling, comma-separated (256)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="pages decoded at once (default 256 on a GPU)")
+    p.add_argument("--pages", type=int, default=0,
+                   help="daemon phases: pages for ocrd and the direct client (768 / 256)")
+    p.add_argument("--pages-in-flight", type=int, default=0,
+                   help="daemon phases: schedule.pages_in_flight (0: the engine's choice; "
+                   "the direct client keeps as many in flight)")
     p.add_argument("--batch-encoder", action="store_true",
                    help="daemon phases: engine.vllm.batch_encoder true (round 2's setting)")
     args = p.parse_args(argv)

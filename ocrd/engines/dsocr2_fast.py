@@ -18,9 +18,12 @@ are called:
   (global view alone, the page's tiles together): the same embeddings to the bit, and a
   page's embeddings never depend on which other pages share its engine step;
 - mode "batched" puts the global views of every page in the step through SAM → Qwen2 →
-  projector together, and all their tiles too (chunked to bound the memory of SAM's
+  projector together, and all their tiles too, in calls of a fixed number of views
+  (the last one padded with blank views; the size also bounds the memory of SAM's
   attention bias): fewer, larger GPU calls, the same embeddings up to the rounding of
-  kernels chosen for the larger shapes — which then varies with the step's other pages.
+  the kernels of the larger shapes. Because every call has the same shape, a page's
+  embeddings still do not depend on the step's other pages (unpadded calls would: their
+  shape, and with it the kernels' rounding, would follow the number of pages).
 
 ocrd registers the class for the architecture through its vLLM plugin
 (`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
@@ -48,8 +51,22 @@ logger = init_logger("vllm.ocrd.dsocr2_fast")
 # bias of heads × tokens² per view: ~0.4 GB for a 1024 px view (4096 tokens), ~0.13 GB
 # for a 768 px tile (2304 tokens), in bf16. These chunks keep one call under ~3.5 GB,
 # inside the memory vLLM leaves outside its KV cache (1 - gpu_memory_utilization).
+# In mode "batched" every call is padded to exactly this many views (batch invariance).
+# OCRD_VLLM_ENCODER_CHUNKS="GxT" overrides them (the GPU benchmark's knob).
 GLOBAL_VIEWS_PER_CALL = 8
 TILES_PER_CALL = 24
+CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
+
+
+def chunks_from_env() -> tuple[int, int]:
+    value = os.environ.get(CHUNKS_ENV, "")
+    try:
+        g, t = (int(x) for x in value.lower().split("x"))
+        if g > 0 and t > 0:
+            return g, t
+    except ValueError:
+        pass
+    return GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL
 
 
 @functools.lru_cache(maxsize=16)
@@ -104,18 +121,27 @@ def patch_mask(qwen2_encoder: Any) -> bool:  # a Qwen2Decoder2Encoder
     return True
 
 
-def _encode_views(model: Any, views: torch.Tensor, per_call: int) -> torch.Tensor:
-    """SAM → Qwen2 encoder → projector over views [N, 3, s, s]: [N, tokens, dim]."""
+def _encode_views(model: Any, views: torch.Tensor, per_call: int,
+                  padded: bool = False) -> torch.Tensor:
+    """SAM → Qwen2 encoder → projector over views [N, 3, s, s]: [N, tokens, dim], in
+    calls of `per_call` views. `padded`: every call gets exactly `per_call` views (the
+    last one filled up with blank views), so the kernels, and with them each view's
+    rounding, are the same whatever else is in the step."""
     parts = []
     for i in range(0, views.shape[0], per_call):
-        x = model.sam_model(views[i:i + per_call])
+        chunk = views[i:i + per_call]
+        n = chunk.shape[0]
+        if padded and n < per_call:
+            chunk = torch.cat([chunk, chunk.new_zeros((per_call - n, *chunk.shape[1:]))])
+        x = model.sam_model(chunk)
         x = model.qwen2_model(x)
-        parts.append(model.projector(x))
+        parts.append(model.projector(x)[:n])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.Tensor,
-                    images_spatial_crop: torch.Tensor, batched: bool) -> list[torch.Tensor]:
+                    images_spatial_crop: torch.Tensor, batched: bool,
+                    padded: bool = False) -> list[torch.Tensor]:
     """What vLLM's `_pixel_values_to_embedding` returns (per page: its tiles' tokens, its
     global view's tokens, the view separator): page by page with vLLM's own shapes, or
     with the step's pages batched together."""
@@ -124,10 +150,11 @@ def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.T
     pages = len(grids)
     starts = [sum(tiles[:page]) for page in range(pages)]
     if batched:
-        global_tokens = _encode_views(model, pixel_values[:pages], GLOBAL_VIEWS_PER_CALL)
+        global_tokens = _encode_views(model, pixel_values[:pages], GLOBAL_VIEWS_PER_CALL,
+                                      padded)
         total_tiles = sum(tiles)
-        local_tokens = (_encode_views(model, images_crop[:total_tiles], TILES_PER_CALL)
-                        if total_tiles else None)
+        local_tokens = (_encode_views(model, images_crop[:total_tiles], TILES_PER_CALL,
+                                      padded) if total_tiles else None)
     separator = model.view_seperator[None, :]
     out: list[torch.Tensor] = []
     for page in range(pages):
@@ -168,7 +195,11 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         why_not = unsupported(self)
-        self.ocrd_batched = os.environ.get(ENV) == BATCHED
+        global GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL
+        GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL = chunks_from_env()
+        # batched mode in production is always padded: a page's embeddings must not
+        # depend on the step's other pages (unpadded: the benchmark's comparison only)
+        self.ocrd_batched = self.ocrd_padded = os.environ.get(ENV) == BATCHED
         self.ocrd_fast = why_not is None
         self.ocrd_mask_patched = self.ocrd_fast and patch_mask(self.qwen2_model)
         if why_not:
@@ -177,7 +208,9 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                            "encoder path is used", why_not)
             return
         logger.info("%s: %s; vectorised mask %s", LOADED_MARK,
-                    "pages batched" if self.ocrd_batched else "page by page",
+                    f"pages batched, {GLOBAL_VIEWS_PER_CALL} global views and "
+                    f"{TILES_PER_CALL} tiles per call" if self.ocrd_batched
+                    else "page by page",
                     "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)")
 
     def ocrd_set_fast(self, on: bool) -> bool:
@@ -195,4 +228,4 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                 pixel_values=pixel_values, images_crop=images_crop,
                 images_spatial_crop=images_spatial_crop)
         return page_embeddings(self, pixel_values, images_crop, images_spatial_crop,
-                               self.ocrd_batched)
+                               self.ocrd_batched, self.ocrd_padded)
