@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,31 +216,47 @@ def data_urls(seeds: range, size: tuple[int, int] = A4) -> list[str]:
 # ---- measuring helpers -------------------------------------------------------------------
 
 class GpuMemory:
-    """Peak GPU memory in use (nvidia-smi, every 0.5 s) while a phase runs."""
+    """Peak GPU memory in use and the GPU's busy share (nvidia-smi, every 0.5 s) while a
+    phase runs."""
 
     def __init__(self) -> None:
         self.peak: int | None = None
         self.samples: list[tuple[float, int]] = []
+        self.busy: list[tuple[float, int]] = []  # (monotonic time, utilization.gpu %)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
-    def used() -> int | None:
+    def query() -> tuple[int, int] | None:
+        """(MiB in use, % of the last sample period a kernel ran)."""
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu",
                                   "--format=csv,noheader,nounits"], capture_output=True,
                                  text=True, timeout=10).stdout
-            return int(out.split()[0])
+            used, util = out.splitlines()[0].split(",")
+            return int(used), int(util)
         except (OSError, ValueError, IndexError, subprocess.SubprocessError):
             return None
+
+    @classmethod
+    def used(cls) -> int | None:
+        q = cls.query()
+        return q[0] if q else None
 
     def _run(self) -> None:
         t0 = time.monotonic()
         while not self._stop.wait(0.5):
-            used = self.used()
-            if used is not None:
-                self.samples.append((round(time.monotonic() - t0, 1), used))
-                self.peak = max(self.peak or 0, used)
+            q = self.query()
+            if q is not None:
+                now = time.monotonic()
+                self.samples.append((round(now - t0, 1), q[0]))
+                self.busy.append((now, q[1]))
+                self.peak = max(self.peak or 0, q[0])
+
+    def busy_between(self, t0: float, t1: float) -> float | None:
+        """Mean GPU utilisation (%) between two time.monotonic() readings."""
+        xs = [u for t, u in self.busy if t0 <= t <= t1]
+        return round(sum(xs) / len(xs), 1) if xs else None
 
     def __enter__(self) -> GpuMemory:
         self._thread.start()
@@ -248,6 +265,58 @@ class GpuMemory:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+def live_processes() -> Iterator[tuple[int, int, str]]:
+    """(pid, session id, command line) of every live (not zombie) process."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[-1].split()
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if stat[0] != "Z":
+            yield int(entry.name), int(stat[3]), cmd.decode(errors="replace")
+
+
+def engine_core_pids() -> list[int]:
+    """vLLM's engine core processes (they name themselves VLLM::EngineCore...)."""
+    return [pid for pid, _, cmd in live_processes() if "EngineCore" in cmd]
+
+
+def py_spy() -> str | None:
+    """py-spy from PATH or from a --target install on PYTHONPATH (gpu_run.sh's)."""
+    found = shutil.which("py-spy")
+    for entry in [*os.environ.get("PYTHONPATH", "").split(os.pathsep), sys.prefix]:
+        if not found and entry and (Path(entry) / "bin" / "py-spy").exists():
+            found = str(Path(entry) / "bin" / "py-spy")
+    return found
+
+
+def profile_engine_core(out: Path, name: str, delay: float, seconds: int) -> threading.Thread:
+    """After `delay` s, sample the engine core's Python stacks for `seconds` s (py-spy,
+    every thread, idle frames included, without pausing it) into OUT/pyspy_NAME.txt
+    (collapsed stacks). Runs beside the measured run; the same for every row compared."""
+
+    def run() -> None:
+        time.sleep(delay)
+        exe, pids = py_spy(), engine_core_pids()
+        note = out / f"pyspy_{name}.txt"
+        if not exe or not pids:
+            note.write_text(f"no py-spy ({exe}) or no engine core ({pids})\n")
+            return
+        r = subprocess.run([exe, "record", "--pid", str(pids[0]), "--duration", str(seconds),
+                            "--rate", "50", "--nonblocking", "--idle", "--threads",
+                            "--format", "raw", "--output", str(note)],
+                           capture_output=True, text=True, timeout=seconds + 60)
+        if r.returncode:
+            note.write_text(f"py-spy rc={r.returncode}: {r.stderr[-2000:]}\n")
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def gpu_processes() -> list[str]:
@@ -263,18 +332,7 @@ def gpu_processes() -> list[str]:
 def session_processes(sessions: set[int]) -> list[str]:
     """Live processes (not zombies) in the given sessions: what our daemon (its own
     session) and its vLLM server (another one) left behind. Nothing else is touched."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[-1].split()
-            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if stat[0] != "Z" and int(stat[3]) in sessions:
-            found.append(f"{entry.name} {cmd.decode(errors='replace')[:160]}")
-    return found
+    return [f"{pid} {cmd[:160]}" for pid, sid, cmd in live_processes() if sid in sessions]
 
 
 def save(out: Path, phase: str, data: dict) -> None:
@@ -367,12 +425,13 @@ def phase_offline(args: argparse.Namespace) -> None:
                                   **kind)
 
         def generate(name: str, reqs: list[dict], t: int) -> None:
-            t0 = time.perf_counter()
+            t0, m0 = time.perf_counter(), time.monotonic()
             outs = llm.generate(reqs, params(t), use_tqdm=False)
             dt = time.perf_counter() - t0
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             result["rows"].append(row(name, len(reqs), dt, T=t, out_tokens=tokens,
-                                      prompt_tokens=len(outs[0].prompt_token_ids)))
+                                      prompt_tokens=len(outs[0].prompt_token_ids),
+                                      gpu_busy_pct=mem.busy_between(m0, m0 + dt)))
             save(args.out, "offline", result)
 
         generate("warmup", requests(10_000, 8), 32)
@@ -403,7 +462,9 @@ def phase_offline(args: argparse.Namespace) -> None:
             base = prepared["a4"]
             sp = params(T, ngram, final_only=True)
             outs = []
-            t0 = time.perf_counter()
+            if args.profile:
+                profile_engine_core(args.out, name, args.profile_delay, args.profile)
+            t0, m0 = time.perf_counter(), time.monotonic()
             for i in range(n):
                 item = dict(base[i % len(base)])
                 item["mm_hashes"] = {"image": [f"{name}-{i}"]}
@@ -414,7 +475,8 @@ def phase_offline(args: argparse.Namespace) -> None:
             dt = time.perf_counter() - t0
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             result["rows"].append(row(name, n, dt, T=T, out_tokens=tokens,
-                                      ngram=ngram or "none"))
+                                      ngram=ngram or "none",
+                                      gpu_busy_pct=mem.busy_between(m0, m0 + dt)))
             save(args.out, "offline", result)
 
         # several sizes: with max_num_seqs above 256, how much more the GPU does at once
@@ -761,23 +823,29 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                 warm = data_urls(range(400_000, 400_000 + 8))
                 asyncio.run(direct_http(server, str(args.model), warm, 32, 64))
                 done: list[tuple[float, int]] = []
+                name = f"direct_http_vllm_serve_x{api_servers}"
+                if args.profile:
+                    profile_engine_core(args.out, name, args.profile_delay, args.profile)
                 t0 = time.monotonic()
                 dt, lat = asyncio.run(direct_http(server, str(args.model), urls, T,
                                                   result["pages_in_flight"], done))
-                result["rows"].append(row(f"direct_http_vllm_serve_x{api_servers}",
-                                          len(urls), dt, T=T,
+                result["rows"].append(row(name, len(urls), dt, T=T,
                                           latency_p50_s=round(statistics.median(lat), 2),
+                                          gpu_busy_pct=mem.busy_between(t0, t0 + dt),
                                           **flow(t0, done)))
                 save(args.out, phase, result)
             else:  # warm the in-process engine like the direct client warms the server
                 t0 = d.drop([singles[-1]])
                 d.wait_outputs([singles[-1].name], s["timeout"])
-            t0 = d.drop(pdfs)
-            t1 = d.wait_outputs([p.name for p in pdfs], s["timeout"])
             name = (f"ocrd_e2e_managed_x{api_servers}" if api_servers > 1
                     else "ocrd_e2e_inprocess")
+            if args.profile:
+                profile_engine_core(args.out, name, args.profile_delay, args.profile)
+            t0 = d.drop(pdfs)
+            t1 = d.wait_outputs([p.name for p in pdfs], s["timeout"])
             seen = [(d.appeared[Path(p.name).stem + ".md"], s["per_file"]) for p in pdfs]
             result["rows"].append(row(name, n_ocrd, t1 - t0, T=T, files=len(pdfs),
+                                      gpu_busy_pct=mem.busy_between(t0, t1),
                                       **flow(t0, seen)))
             save(args.out, phase, result)
             # one page into the idle daemon, several times
@@ -901,6 +969,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="offline: pages per GPU-only ceiling, comma-separated (256)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="pages decoded at once (default 256 on a GPU)")
+    p.add_argument("--profile", type=int, default=0,
+                   help="seconds of py-spy on the engine core during each measured run "
+                   "(OUT/pyspy_ROW.txt; 0: off)")
+    p.add_argument("--profile-delay", type=float, default=20,
+                   help="seconds into each run before py-spy starts")
     p.add_argument("--pages", type=int, default=0,
                    help="daemon phases: pages for ocrd and the direct client (768 / 256)")
     p.add_argument("--pages-in-flight", type=int, default=0,
