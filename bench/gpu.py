@@ -354,7 +354,8 @@ def row(name: str, pages: int, seconds: float, **extra: Any) -> dict[str, Any]:
 CEILINGS = (("stock", None, "stock_no"), ("page", None, "page_no"),
             ("batched", None, "batched_no"), ("padded", None, "padded_no"),
             ("page", "fast", "page_ocrd"), ("batched", "fast", "batched_ocrd"),
-            ("padded", "fast", "padded_ocrd"), ("page", "vllm", "page_vllm"))
+            ("padded", "fast", "padded_ocrd"), ("page", "vllm", "page_vllm"),
+            ("padded", "fast_old", "padded_ocrd_old"))
 
 
 def phase_offline(args: argparse.Namespace) -> None:
@@ -391,7 +392,8 @@ def phase_offline(args: argparse.Namespace) -> None:
         llm = LLM(model=str(args.model), enable_prefix_caching=False, mm_processor_cache_gb=0,
                   limit_mm_per_prompt={"image": 1}, hf_overrides=guard,
                   logits_processors=["bench.gpu_lp:VllmNGramIfAsked",
-                                     "bench.gpu_lp:FastNGramIfAsked"], **kwargs)
+                                     "bench.gpu_lp:FastNGramIfAsked",
+                                     "bench.gpu_lp:OldNGramIfAsked"], **kwargs)
         result["engine_start_s"] = round(time.perf_counter() - t0, 1)
         result["gpu_mem_after_start_mib"] = GpuMemory.used()
         eng = llm.llm_engine
@@ -424,9 +426,11 @@ def phase_offline(args: argparse.Namespace) -> None:
                                   detokenize=True, skip_special_tokens=False, extra_args=extra,
                                   **kind)
 
-        def generate(name: str, reqs: list[dict], t: int) -> None:
+        def generate(name: str, reqs: list[dict], t: int, ngram: str | None = None) -> None:
+            if args.profile and name != "warmup":
+                profile_engine_core(args.out, name, args.profile_delay, args.profile)
             t0, m0 = time.perf_counter(), time.monotonic()
-            outs = llm.generate(reqs, params(t), use_tqdm=False)
+            outs = llm.generate(reqs, params(t, ngram), use_tqdm=False)
             dt = time.perf_counter() - t0
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             result["rows"].append(row(name, len(reqs), dt, T=t, out_tokens=tokens,
@@ -443,6 +447,13 @@ def phase_offline(args: argparse.Namespace) -> None:
                 encoder(mode)
                 generate(f"vllm_offline_all_at_once_{mode}_encoder",
                          requests(25_000 + 1000 * i, s["baseline_pages"]), T)
+
+        # Decoding alone: text prompts (no image, no encoder), the same output length and
+        # ban: what the engine does per step without the vision side
+        if not only or "decode_text" in only:
+            generate("decode_only_text_prompts_ocrd_ngram",
+                     [{"prompt": f"Page {i}: write the text of a long document."}
+                      for i in range(s["ceiling_pages"])], T, "fast")
 
         # The front end's own cost per page: vLLM's input processing, A4 and grid-sized.
         renderer = eng.renderer

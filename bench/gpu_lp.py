@@ -60,3 +60,29 @@ class FastNGramIfAsked(NGramBanLogitsProcessor):
 
     def new_req_logits_processor(self, params: Any) -> Any:
         return super().new_req_logits_processor(params) if _asked(params, "fast") else None
+
+
+class OldNGramIfAsked(NGramBanLogitsProcessor):
+    """ocrd's n-gram processor as it was before round 3 (bans written with
+    `logits[rows, cols] = -inf`), for requests with extra_args bench_ngram=fast_old: the
+    side-by-side control for the index_fill_ write."""
+
+    def new_req_logits_processor(self, params: Any) -> Any:
+        return super().new_req_logits_processor(params) if _asked(params, "fast_old") else None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.req_info:
+            return logits
+        rows: list[int] = []
+        cols: list[int] = []
+        for row, state in self.req_info.items():
+            banned = state.func.banned(state.args[-1])
+            if banned:
+                rows.extend([row] * len(banned))
+                cols.extend(banned)
+        if rows:
+            index = torch.tensor([rows, cols], dtype=torch.long,
+                                 pin_memory=self.pin_memory and logits.is_cuda)
+            index = index.to(logits.device, non_blocking=True)
+            logits[index[0], index[1]] = -float("inf")
+        return logits
