@@ -792,6 +792,9 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
     return time.monotonic() - t0, latencies
 
 
+ENCODER_SETTING = {"auto": None, "batched": True, "page": False}
+
+
 def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     s = sizes(args.tiny)
     T = s["T"]
@@ -804,10 +807,10 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     ngram = VLLM_NGRAM if args.vllm_ngram else OCRD_NGRAM
     engine["vllm"]["engine_args"]["logits_processors"] = [ngram, BAN_EOS]
     engine["vllm"]["fast_encoder"] = not args.stock_encoder
-    engine["vllm"]["batch_encoder"] = args.batch_encoder
+    engine["vllm"]["batch_encoder"] = ENCODER_SETTING[args.encoder_mode]
     result: dict[str, Any] = {"phase": phase, "api_servers": api_servers, "T": T,
                               "ngram": ngram, "fast_encoder": not args.stock_encoder,
-                              "batch_encoder": args.batch_encoder,
+                              "encoder_mode": args.encoder_mode,
                               "rows": []}
     work = args.work / phase
     n_ocrd = args.pages or (s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"])
@@ -990,8 +993,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pages-in-flight", type=int, default=0,
                    help="daemon phases: schedule.pages_in_flight (0: the engine's choice; "
                    "the direct client keeps as many in flight)")
-    p.add_argument("--batch-encoder", action="store_true",
-                   help="daemon phases: engine.vllm.batch_encoder true (round 2's setting)")
+    p.add_argument("--encoder-mode", choices=sorted(ENCODER_SETTING), default="auto",
+                   help="daemon phases: engine.vllm.batch_encoder null (auto: batched on a "
+                   "GPU, the default), true (batched) or false (page by page); round 2's "
+                   "--batch-encoder was unpadded batching")
     args = p.parse_args(argv)
     for k, v in ENV.items():
         os.environ.setdefault(k, v)

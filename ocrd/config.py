@@ -160,16 +160,16 @@ class VllmConfig(_Strict):
     api_servers: int = Field(default=1, ge=1)
     # api_servers > 1: the local server's port on 127.0.0.1; 0 = a free port.
     server_port: int = Field(default=0, ge=0, le=65535)
-    # DeepSeek-OCR-2's vision encoder run batched over the pages of each engine step
-    # (and, on vLLM <= 0.24, with a vectorised attention mask): same outputs, ~0.16 s less
-    # engine time per page on an H200 (ocrd/engines/dsocr2_fast.py, bench/GPU_RESULTS.md).
+    # ocrd's DeepSeek-OCR-2 vision encoder path (on vLLM <= 0.24 with a vectorised
+    # attention mask; one host sync per step): 151 -> 60 ms of engine time per page on an
+    # H200 page by page, 36 ms batched (ocrd/engines/dsocr2_fast.py, bench/GPU_RESULTS.md).
     # Needs ocrd installed with its entry points (pip install), which vLLM loads.
     fast_encoder: bool = True
-    # With fast_encoder: encode the step's pages together instead of page by page. The
-    # fastest configuration measured on an H200; a page's embeddings then round slightly
-    # differently depending on which pages share its step (vLLM's batching of the
-    # language model does the same on a GPU). Off: the same embeddings as vLLM, to the bit.
-    batch_encoder: bool = False
+    # With fast_encoder: encode the step's pages together, in calls padded to a fixed
+    # size (a page's embeddings do not depend on the pages sharing its step). null: on
+    # where the model runs on a GPU, off on a CPU. false: vLLM's shapes, page by page
+    # (the same embeddings as vLLM's own code, to the bit).
+    batch_encoder: bool | None = None
     # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
     # with api_servers > 1 they become `vllm serve` flags (enforce_eager → --enforce-eager).
     engine_args: dict[str, Any] = Field(default_factory=dict)

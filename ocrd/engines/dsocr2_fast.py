@@ -27,7 +27,8 @@ are called:
 
 ocrd registers the class for the architecture through its vLLM plugin
 (`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
-`engine.vllm.batch_encoder` through the same environment variable.
+`engine.vllm.batch_encoder` through the same environment variable (default: batched on
+a GPU, page by page on a CPU, where padding a lone page to 8 views would cost 8x).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
-from ocrd.engines.vllm_plugin import BATCHED, ENV, LOADED_MARK
+from ocrd.engines.vllm_plugin import AUTO, BATCHED, ENV, LOADED_MARK
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
 logger = init_logger("vllm.ocrd.dsocr2_fast")
@@ -172,6 +173,15 @@ def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.T
     return out
 
 
+def batched_mode(setting: str | None) -> bool:
+    """The plugin's setting → batched or page by page ("auto": batched on a GPU)."""
+    if setting == AUTO:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cuda_alike()
+    return setting == BATCHED
+
+
 def unsupported(model: Any) -> str | None:
     """Why the batched path cannot stand in for this model's own, or None. It relies on
     the modules vLLM 0.16-0.32 build and on the per-page method it replaces."""
@@ -199,7 +209,7 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL = chunks_from_env()
         # batched mode in production is always padded: a page's embeddings must not
         # depend on the step's other pages (unpadded: the benchmark's comparison only)
-        self.ocrd_batched = self.ocrd_padded = os.environ.get(ENV) == BATCHED
+        self.ocrd_batched = self.ocrd_padded = batched_mode(os.environ.get(ENV))
         self.ocrd_fast = why_not is None
         self.ocrd_mask_patched = self.ocrd_fast and patch_mask(self.qwen2_model)
         if why_not:

@@ -333,7 +333,7 @@ class ManagedServerEngine(Engine):
                 if vllm_plugin.LOADED_MARK in text:
                     self.fast_encoder_loaded = True
                     log.info("vllm_fast_encoder_active", pid=proc.pid,
-                             batched=self.cfg.vllm.batch_encoder)
+                             batched="pages batched" in text)
 
     def output_tail(self, lines: int = 25) -> str:
         return "\n".join(list(self._tail)[-lines:])

@@ -3,11 +3,15 @@
 vLLM calls `register()` in every process it starts (entry point group
 `vllm.general_plugins`, declared in pyproject.toml), including the engine core that
 builds the model and every `vllm serve` process. It does something only where ocrd asked
-for it through the environment (`OCRD_VLLM_FAST_ENCODER=1`, or `=batched` with
+for it through the environment (`OCRD_VLLM_FAST_ENCODER=1|batched|auto` after
 `engine.vllm.batch_encoder`, set by the in-process engine and the managed server when
 `engine.vllm.fast_encoder` is on), so other vLLM users on the same machine are left alone.
 This module imports nothing heavy: vLLM imports the model class lazily, when it builds
 that architecture.
+
+Modes (the variable's value): "1" page by page, "batched" the step's pages together,
+"auto" batched where the model runs on a GPU and page by page elsewhere (padding every
+call to a fixed size only pays where there is parallel hardware to fill).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from importlib import metadata
 
 ENV = "OCRD_VLLM_FAST_ENCODER"
 BATCHED = "batched"
+AUTO = "auto"
 ARCHITECTURE = "DeepseekOCR2ForCausalLM"
 MODEL_CLASS = "ocrd.engines.dsocr2_fast:FastDeepseekOCR2ForCausalLM"
 VLLM_CLASS = "vllm.model_executor.models.deepseek_ocr2:DeepseekOCR2ForCausalLM"
@@ -29,7 +34,7 @@ LOADED_MARK = "ocrd fast DeepSeek-OCR-2 encoder"
 
 def register() -> None:
     """vllm.general_plugins entry point."""
-    if os.environ.get(ENV) in ("1", BATCHED) and has_model_code():
+    if os.environ.get(ENV) in ("1", BATCHED, AUTO) and has_model_code():
         use(True)
 
 
@@ -60,7 +65,10 @@ def installed() -> bool:
     return any(p.name == ENTRY_POINT and p.value.startswith(__name__) for p in points)
 
 
-def environment(enabled: bool, batched: bool = False) -> dict[str, str]:
+def environment(enabled: bool, batched: bool | None = None) -> dict[str, str]:
     """The variables for vLLM processes ocrd starts: "1" encodes page by page, "batched"
-    the step's pages together, "0" leaves vLLM's model alone."""
-    return {ENV: (BATCHED if batched else "1") if enabled else "0"}
+    the step's pages together, "auto" (batched None) batched on a GPU, "0" leaves vLLM's
+    model alone."""
+    if not enabled:
+        return {ENV: "0"}
+    return {ENV: AUTO if batched is None else BATCHED if batched else "1"}

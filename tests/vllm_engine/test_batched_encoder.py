@@ -41,6 +41,7 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
     # 2 global views and 4 tiles per call: with 5 pages the calls are chunked and the
     # last ones padded (A4 pages: 6 tiles each)
     mp.setenv(dsocr2_fast.CHUNKS_ENV, "2x4")
+    chunks = dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL
     cfg = tiny_config(max_tokens=48, loop_retries=0)
     cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"batch_encoder": True})})
     eng = VllmEngine(cfg)
@@ -61,7 +62,7 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
         for old in saved:
             os.close(old)
         mp.undo()
-        dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL = 8, 24
+        dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL = chunks
 
 
 def test_batched_mode_is_what_the_engine_built(batched: tuple[VllmEngine, Path]) -> None:

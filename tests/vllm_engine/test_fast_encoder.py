@@ -221,12 +221,44 @@ def test_plugin_registers_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> No
         vllm_plugin.use(False)
         vllm_plugin.register()
         assert registered() == vllm_plugin.VLLM_CLASS
-        monkeypatch.setenv(vllm_plugin.ENV, "1")
-        vllm_plugin.register()
-        assert registered() == vllm_plugin.MODEL_CLASS
+        for setting in ("0", "off"):
+            monkeypatch.setenv(vllm_plugin.ENV, setting)
+            vllm_plugin.register()
+            assert registered() == vllm_plugin.VLLM_CLASS
+        for setting in ("1", "batched", "auto"):
+            vllm_plugin.use(False)
+            monkeypatch.setenv(vllm_plugin.ENV, setting)
+            vllm_plugin.register()
+            assert registered() == vllm_plugin.MODEL_CLASS, setting
     finally:
         if before.partition(":")[0]:
             ModelRegistry.register_model(vllm_plugin.ARCHITECTURE, before)
+
+
+def test_encoder_mode_settings() -> None:
+    """engine.vllm.fast_encoder / batch_encoder → the variable → the model's mode."""
+    env = vllm_plugin.environment
+    assert env(False, True) == env(False) == {vllm_plugin.ENV: "0"}
+    assert env(True, None) == {vllm_plugin.ENV: "auto"}  # the default
+    assert env(True, True) == {vllm_plugin.ENV: "batched"}
+    assert env(True, False) == {vllm_plugin.ENV: "1"}
+    assert dsocr2_fast.batched_mode("batched") is True
+    assert dsocr2_fast.batched_mode("1") is False
+    # auto: batched on a GPU; this vLLM runs on the CPU, where padding costs 8x
+    assert dsocr2_fast.batched_mode("auto") is False
+    from ocrd.config import VllmConfig
+
+    assert VllmConfig().batch_encoder is None and VllmConfig().fast_encoder is True
+
+
+def test_encoder_chunks_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(dsocr2_fast.CHUNKS_ENV, raising=False)
+    assert dsocr2_fast.chunks_from_env() == (8, 24)
+    monkeypatch.setenv(dsocr2_fast.CHUNKS_ENV, "4x12")
+    assert dsocr2_fast.chunks_from_env() == (4, 12)
+    for bad in ("0x12", "4", "ax3", "-1x4"):
+        monkeypatch.setenv(dsocr2_fast.CHUNKS_ENV, bad)
+        assert dsocr2_fast.chunks_from_env() == (8, 24), bad
 
 
 def test_plugin_stays_out_of_a_vllm_without_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
