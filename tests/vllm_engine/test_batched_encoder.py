@@ -41,6 +41,9 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
     # 2 global views and 4 tiles per call: with 5 pages the calls are chunked and the
     # last ones padded (A4 pages: 6 tiles each)
     mp.setenv(dsocr2_fast.CHUNKS_ENV, "2x4")
+    # the engine core's INFO lines (ocrd's logging setup, run by earlier tests, turns
+    # vLLM's own logging off in this process's environment)
+    mp.setenv("VLLM_CONFIGURE_LOGGING", "1")
     chunks = dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL
     cfg = tiny_config(max_tokens=48, loop_retries=0)
     cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"batch_encoder": True})})
