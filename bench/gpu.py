@@ -522,13 +522,11 @@ def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> s
     in calls of a fixed size). chunks: (global views, tiles) per call."""
     if not hasattr(model, "ocrd_set_fast"):
         return None
-    from ocrd.engines import dsocr2_fast
-
     model.ocrd_set_fast(mode != "stock")
     model.ocrd_batched = mode in ("batched", "padded")
     model.ocrd_padded = mode == "padded"
     if chunks:
-        dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL = chunks
+        model.ocrd_chunks = chunks
     return mode
 
 
@@ -543,11 +541,10 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
     differ from vLLM's, and the GPU kernels that take the time."""
     import torch
 
-    from ocrd.engines import dsocr2_fast
 
     if not hasattr(model, "ocrd_set_fast"):
         return {"error": f"{type(model).__name__} is not ocrd's fast model"}
-    default_chunks = (dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL)
+    default_chunks = model.ocrd_chunks
     p = next(model.sam_model.parameters())
     g = torch.Generator(device=p.device).manual_seed(0)
     pixel_values = torch.randn(pages, 3, 1024, 1024, device=p.device, dtype=p.dtype,

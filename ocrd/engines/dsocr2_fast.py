@@ -53,7 +53,7 @@ logger = init_logger("vllm.ocrd.dsocr2_fast")
 # for a 768 px tile (2304 tokens), in bf16. These chunks keep one call under ~3.5 GB,
 # inside the memory vLLM leaves outside its KV cache (1 - gpu_memory_utilization).
 # In mode "batched" every call is padded to exactly this many views (batch invariance).
-# OCRD_VLLM_ENCODER_CHUNKS="GxT" overrides them (the GPU benchmark's knob).
+# OCRD_VLLM_ENCODER_CHUNKS="GxT" overrides them per model (`ocrd_chunks`).
 GLOBAL_VIEWS_PER_CALL = 8
 TILES_PER_CALL = 24
 CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
@@ -142,7 +142,9 @@ def _encode_views(model: Any, views: torch.Tensor, per_call: int,
 
 def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.Tensor,
                     images_spatial_crop: torch.Tensor, batched: bool,
-                    padded: bool = False) -> list[torch.Tensor]:
+                    padded: bool = False,
+                    chunks: tuple[int, int] = (GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL),
+                    ) -> list[torch.Tensor]:
     """What vLLM's `_pixel_values_to_embedding` returns (per page: its tiles' tokens, its
     global view's tokens, the view separator): page by page with vLLM's own shapes, or
     with the step's pages batched together."""
@@ -151,11 +153,10 @@ def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.T
     pages = len(grids)
     starts = [sum(tiles[:page]) for page in range(pages)]
     if batched:
-        global_tokens = _encode_views(model, pixel_values[:pages], GLOBAL_VIEWS_PER_CALL,
-                                      padded)
+        global_tokens = _encode_views(model, pixel_values[:pages], chunks[0], padded)
         total_tiles = sum(tiles)
-        local_tokens = (_encode_views(model, images_crop[:total_tiles], TILES_PER_CALL,
-                                      padded) if total_tiles else None)
+        local_tokens = (_encode_views(model, images_crop[:total_tiles], chunks[1], padded)
+                        if total_tiles else None)
     separator = model.view_seperator[None, :]
     out: list[torch.Tensor] = []
     for page in range(pages):
@@ -205,8 +206,7 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         why_not = unsupported(self)
-        global GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL
-        GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL = chunks_from_env()
+        self.ocrd_chunks = chunks_from_env()  # (global views, tiles) per call
         # batched mode in production is always padded: a page's embeddings must not
         # depend on the step's other pages (unpadded: the benchmark's comparison only)
         self.ocrd_batched = self.ocrd_padded = batched_mode(os.environ.get(ENV))
@@ -218,8 +218,8 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                            "encoder path is used", why_not)
             return
         logger.info("%s: %s; vectorised mask %s", LOADED_MARK,
-                    f"pages batched, {GLOBAL_VIEWS_PER_CALL} global views and "
-                    f"{TILES_PER_CALL} tiles per call" if self.ocrd_batched
+                    f"pages batched, {self.ocrd_chunks[0]} global views and "
+                    f"{self.ocrd_chunks[1]} tiles per call" if self.ocrd_batched
                     else "page by page",
                     "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)")
 
@@ -238,4 +238,4 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                 pixel_values=pixel_values, images_crop=images_crop,
                 images_spatial_crop=images_spatial_crop)
         return page_embeddings(self, pixel_values, images_crop, images_spatial_crop,
-                               self.ocrd_batched, self.ocrd_padded)
+                               self.ocrd_batched, self.ocrd_padded, self.ocrd_chunks)

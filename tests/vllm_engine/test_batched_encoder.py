@@ -44,7 +44,6 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
     # the engine core's INFO lines (ocrd's logging setup, run by earlier tests, turns
     # vLLM's own logging off in this process's environment)
     mp.setenv("VLLM_CONFIGURE_LOGGING", "1")
-    chunks = dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL
     cfg = tiny_config(max_tokens=48, loop_retries=0)
     cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"batch_encoder": True})})
     eng = VllmEngine(cfg)
@@ -65,7 +64,6 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
         for old in saved:
             os.close(old)
         mp.undo()
-        dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL = chunks
 
 
 def test_batched_mode_is_what_the_engine_built(batched: tuple[VllmEngine, Path]) -> None:

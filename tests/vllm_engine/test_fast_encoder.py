@@ -133,6 +133,7 @@ def tiny_model() -> Any:
     model.ocrd_fast = True
     model.ocrd_batched = False
     model.ocrd_padded = False
+    model.ocrd_chunks = (dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL)
     model.ocrd_mask_patched = False
     return model.eval()
 
@@ -153,8 +154,7 @@ def test_fast_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]]
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
-    monkeypatch.setattr(dsocr2_fast, "GLOBAL_VIEWS_PER_CALL", 2)  # chunking runs too
-    monkeypatch.setattr(dsocr2_fast, "TILES_PER_CALL", 4)
+    monkeypatch.setattr(tiny_model, "ocrd_chunks", (2, 4))  # chunking runs too
     monkeypatch.setattr(tiny_model, "ocrd_batched", batched)
     monkeypatch.setattr(tiny_model, "ocrd_padded", padded)
     pixel_values, crops, spatial = pages(grids)
@@ -185,9 +185,8 @@ def test_a_page_ignores_the_other_pages_of_the_step(tiny_model: Any, padded: boo
     by page, and batched in calls padded to a fixed size. In bf16, as served: batched
     without padding fails this on a 2-core x86 machine (max difference 0.03; other
     shapes, other rounding)."""
-    monkeypatch.setattr(dsocr2_fast, "GLOBAL_VIEWS_PER_CALL", 2)
-    monkeypatch.setattr(dsocr2_fast, "TILES_PER_CALL", 4)
     model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    model.ocrd_chunks = (2, 4)
     model.ocrd_batched = model.ocrd_padded = padded
     pixel_values, crops, spatial = pages([(1, 2), (2, 3), (1, 1)])
     pixel_values, crops = pixel_values.bfloat16(), crops.bfloat16()
