@@ -355,7 +355,11 @@ CEILINGS = (("stock", None, "stock_no"), ("page", None, "page_no"),
             ("batched", None, "batched_no"), ("padded", None, "padded_no"),
             ("page", "fast", "page_ocrd"), ("batched", "fast", "batched_ocrd"),
             ("padded", "fast", "padded_ocrd"), ("page", "vllm", "page_vllm"),
-            ("padded", "fast_old", "padded_ocrd_old"))
+            ("padded", "fast_old", "padded_ocrd_old"),
+            ("padded_fused", None, "padded_fused_no"),
+            ("padded_fused", "fast", "padded_fused_ocrd"),
+            ("padded_fused_graphs", None, "padded_fused_graphs_no"),
+            ("padded_fused_graphs", "fast", "padded_fused_graphs_ocrd"))
 
 
 def phase_offline(args: argparse.Namespace) -> None:
@@ -519,19 +523,35 @@ def _model_class(model: Any) -> str:
 
 def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> str | None:
     """stock: vLLM's encoder code; page / batched / padded: ocrd's modes (padded: batched
-    in calls of a fixed size). chunks: (global views, tiles) per call."""
+    in calls of a fixed size), optionally `_fused` (SAM's attention in ocrd's fused
+    kernel) and `_graphs` (padded calls replayed as CUDA graphs). chunks: (global views,
+    tiles) per call."""
     if not hasattr(model, "ocrd_set_fast"):
         return None
-    model.ocrd_set_fast(mode != "stock")
-    model.ocrd_batched = mode in ("batched", "padded")
-    model.ocrd_padded = mode == "padded"
+    import torch
+
+    from ocrd.engines import dsocr2_fast
+
+    base, *flags = mode.split("_")
+    model.ocrd_set_fast(base != "stock")
+    model.ocrd_batched = base in ("batched", "padded")
+    model.ocrd_padded = base == "padded"
+    model.ocrd_set_fused("fused" in flags, BLOCKS.get(mode))
+    graphs = "graphs" in flags and model.ocrd_padded and torch.cuda.is_available()
+    if graphs != bool(getattr(model, "ocrd_graphs", None)) or (chunks and graphs):
+        model.ocrd_graphs = dsocr2_fast.EncoderGraphs() if graphs else None
     if chunks:
         model.ocrd_chunks = chunks
     return mode
 
 
-ENCODER_MODES = (("stock", None), ("page", None), ("batched", None), ("padded", None),
-                 ("padded", (4, 12)), ("padded", (2, 6)))
+# block sizes of the fused kernel (query, key, warps, stages) for modes that try others
+BLOCKS = {"padded_fused_b128": (128, 64, 8, 3)}
+ENCODER_MODES = (("stock", None), ("page", None), ("padded", None), ("padded_fused", None),
+                 ("padded_fused_b128", None), ("padded_fused_graphs", None),
+                 ("padded_fused", (4, 12)), ("padded_fused_graphs", (4, 12)))
+# the modes whose CUDA kernels are listed (where the time goes)
+PROFILED = ("padded", "padded_fused", "padded_fused_graphs")
 
 
 def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
@@ -552,7 +572,8 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
     crops = torch.randn(6 * pages, 3, 768, 768, device=p.device, dtype=p.dtype, generator=g)
     spatial = torch.tensor([[2, 3]] * pages, dtype=torch.long)
     out: dict[str, Any] = {"pages": pages, "mask_patched": model.ocrd_mask_patched,
-                           "chunks_default": list(default_chunks)}
+                           "chunks_default": list(default_chunks),
+                           "fused_layers": getattr(model, "ocrd_fused_layers", None)}
     sync = torch.cuda.synchronize if p.device.type == "cuda" else (lambda: None)
     embeddings = {}
 
@@ -573,7 +594,10 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
             model._pixel_values_to_embedding(pixel_values[:2], crops[:12], spatial[:2])
             sync()
             out[f"{label}_one_page_ms"] = timed(1)
+            alone = embeddings[label][0]
             out[f"{label}_ms_per_page"] = timed(pages)
+            # batch invariance: page 0 alone and among `pages` others, the same numbers?
+            out[f"{label}_page_alone_equal"] = bool(torch.equal(alone, embeddings[label][0]))
         _set_mode(model, "page", default_chunks)
         for label in embeddings:
             if label == "stock":
@@ -583,20 +607,23 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
                                                for a, b in pairs)
             out[f"{label}_shapes_equal"] = all(a.shape == b.shape for a, b in pairs)
         out["max_abs_value"] = max(b.float().abs().max().item() for b in embeddings["stock"])
-        if p.device.type == "cuda":  # where the batched encoder's time goes
-            _set_mode(model, "batched", default_chunks)
+        if p.device.type == "cuda":  # where each mode's encoder time goes
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                model._pixel_values_to_embedding(pixel_values, crops, spatial)
+            for mode in PROFILED:
+                _set_mode(model, mode, default_chunks)
+                model._pixel_values_to_embedding(pixel_values, crops, spatial)  # capture
                 sync()
-            # CUDA activity only: the rows are kernels and copies (self time = time)
-            rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
-            total = sum(e.self_device_time_total for e in rows) / 1000
-            out["profile_batched_gpu_ms_per_page"] = round(total / pages, 2)
-            out["profile_batched_top"] = [
-                [e.key[:90], round(e.self_device_time_total / 1000 / pages, 2), e.count]
-                for e in rows[:15]]
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    model._pixel_values_to_embedding(pixel_values, crops, spatial)
+                    sync()
+                # CUDA activity only: the rows are kernels and copies (self time = time)
+                rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+                total = sum(e.self_device_time_total for e in rows) / 1000
+                out[f"profile_{mode}_gpu_ms_per_page"] = round(total / pages, 2)
+                out[f"profile_{mode}_top"] = [
+                    [e.key[:90], round(e.self_device_time_total / 1000 / pages, 2), e.count]
+                    for e in rows[:15]]
     _set_mode(model, "page", default_chunks)
     return out
 

@@ -43,6 +43,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
+from ocrd.engines import relpos_attention
 from ocrd.engines.vllm_plugin import AUTO, BATCHED, ENV, LOADED_MARK
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
@@ -57,6 +58,12 @@ logger = init_logger("vllm.ocrd.dsocr2_fast")
 GLOBAL_VIEWS_PER_CALL = 8
 TILES_PER_CALL = 24
 CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
+# SAM's attention with the relative-position bias fused (ocrd/engines/relpos_attention.py):
+# unset = where vLLM runs on CUDA/ROCm and Triton is there; "0" never; "1" wherever Triton
+# runs (the tests use Triton's CPU interpreter)
+FUSED_SAM_ENV = "OCRD_VLLM_FUSED_SAM"
+# "1": padded encoder calls replay CUDA graphs (EncoderGraphs; GPU only)
+GRAPHS_ENV = "OCRD_VLLM_ENCODER_GRAPHS"
 
 
 def chunks_from_env() -> tuple[int, int]:
@@ -122,21 +129,77 @@ def patch_mask(qwen2_encoder: Any) -> bool:  # a Qwen2Decoder2Encoder
     return True
 
 
+def _encode(model: Any, views: torch.Tensor) -> torch.Tensor:
+    return model.projector(model.qwen2_model(model.sam_model(views)))
+
+
+class EncoderGraphs:
+    """CUDA graphs of the encoder (SAM → Qwen2 → projector), one per padded call shape.
+
+    A padded call always has the same shape, so its ~2,000 kernel launches (most of them
+    small: the Qwen2 layers over 4,096 tokens) can be recorded once and replayed as one
+    launch: the engine core's thread no longer spends the call launching kernels (and
+    waiting for a full launch queue). Captured on a call shape's first use (vLLM's
+    memory profiling run, where its memory is counted), after two warm-up runs that
+    also compile the Triton kernels. The output is copied out of the graph's buffer."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple, Any] = {}  # shape → (graph, input, output) or False
+        self.pool: Any = None
+
+    def __call__(self, model: Any, views: torch.Tensor) -> torch.Tensor:
+        key = (tuple(views.shape), views.dtype, views.device)
+        entry = self.graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._capture(model, views)
+            except RuntimeError as e:  # an op that cannot be captured: run it eagerly
+                logger.warning("ocrd encoder: no CUDA graph for calls of shape %s (%s); "
+                               "running them op by op", list(views.shape), e)
+                torch.cuda.synchronize(views.device)
+                entry = False
+            self.graphs[key] = entry
+        if entry is False:  # capture failed for this shape: plain calls
+            return _encode(model, views)
+        graph, static_in, static_out = entry
+        static_in.copy_(views)
+        graph.replay()
+        return static_out.clone()
+
+    def _capture(self, model: Any, views: torch.Tensor) -> tuple[Any, torch.Tensor,
+                                                                  torch.Tensor]:
+        static_in = views.clone()
+        side = torch.cuda.Stream(device=views.device)
+        side.wait_stream(torch.cuda.current_stream(views.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                _encode(model, static_in)
+        torch.cuda.current_stream(views.device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_out = _encode(model, static_in)
+        logger.info("ocrd encoder: CUDA graph captured for calls of shape %s",
+                    list(views.shape))
+        return graph, static_in, static_out
+
+
 def _encode_views(model: Any, views: torch.Tensor, per_call: int,
                   padded: bool = False) -> torch.Tensor:
     """SAM → Qwen2 encoder → projector over views [N, 3, s, s]: [N, tokens, dim], in
     calls of `per_call` views. `padded`: every call gets exactly `per_call` views (the
     last one filled up with blank views), so the kernels, and with them each view's
-    rounding, are the same whatever else is in the step."""
+    rounding, are the same whatever else is in the step (and, where the model has
+    `ocrd_graphs`, the call replays a CUDA graph)."""
+    graphs = getattr(model, "ocrd_graphs", None) if padded else None
     parts = []
     for i in range(0, views.shape[0], per_call):
         chunk = views[i:i + per_call]
         n = chunk.shape[0]
         if padded and n < per_call:
             chunk = torch.cat([chunk, chunk.new_zeros((per_call - n, *chunk.shape[1:]))])
-        x = model.sam_model(chunk)
-        x = model.qwen2_model(x)
-        parts.append(model.projector(x)[:n])
+        parts.append((graphs(model, chunk) if graphs else _encode(model, chunk))[:n])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -172,6 +235,22 @@ def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.T
         else:
             out.append(torch.cat([g, separator], dim=0))
     return out
+
+
+def fused_sam_wanted() -> tuple[bool, str]:
+    """Whether to give SAM the fused attention kernel, and why (for the log line)."""
+    setting = os.environ.get(FUSED_SAM_ENV, "")
+    if setting == "0":
+        return False, f"{FUSED_SAM_ENV}=0"
+    if not relpos_attention.available():
+        return False, "Triton is not installed"
+    if setting == "1":
+        return True, f"{FUSED_SAM_ENV}=1"
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():
+        return False, "not on a GPU"
+    return True, "on a GPU"
 
 
 def batched_mode(setting: str | None) -> bool:
@@ -212,22 +291,39 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         self.ocrd_batched = self.ocrd_padded = batched_mode(os.environ.get(ENV))
         self.ocrd_fast = why_not is None
         self.ocrd_mask_patched = self.ocrd_fast and patch_mask(self.qwen2_model)
+        fused, reason = fused_sam_wanted()
+        self.ocrd_fused_layers = (relpos_attention.patch_sam(self.sam_model)
+                                  if fused and self.ocrd_fast else 0)
+        self.ocrd_graphs = (EncoderGraphs() if self.ocrd_padded and self.ocrd_fast
+                            and os.environ.get(GRAPHS_ENV) == "1"
+                            and torch.cuda.is_available() else None)
         if why_not:
             logger.warning("ocrd's fast DeepSeek-OCR-2 encoder is off: %s (this vLLM's "
                            "model differs from the one it was written for); vLLM's own "
                            "encoder path is used", why_not)
             return
-        logger.info("%s: %s; vectorised mask %s", LOADED_MARK,
+        logger.info("%s: %s; vectorised mask %s; SAM attention %s%s", LOADED_MARK,
                     f"pages batched, {self.ocrd_chunks[0]} global views and "
                     f"{self.ocrd_chunks[1]} tiles per call" if self.ocrd_batched
                     else "page by page",
-                    "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)")
+                    "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)",
+                    f"fused in {self.ocrd_fused_layers} layers ({reason})"
+                    if self.ocrd_fused_layers else f"vLLM's ({reason})",
+                    "; CUDA graphs" if self.ocrd_graphs else "")
 
     def ocrd_set_fast(self, on: bool) -> bool:
         on = on and unsupported(self) is None
         self.ocrd_fast = on
         if self.ocrd_mask_patched:
             self.qwen2_model.model.model._ocrd_fast = on
+        self.ocrd_set_fused(on)
+        return on
+
+    def ocrd_set_fused(self, on: bool, blocks: tuple[int, int, int, int] | None = None,
+                       ) -> bool:
+        """SAM's attention: the fused kernel (where it was patched in) or vLLM's code."""
+        on = on and getattr(self, "ocrd_fused_layers", 0) > 0
+        relpos_attention.set_fused(self.sam_model, on, blocks)
         return on
 
     def _pixel_values_to_embedding(self, pixel_values: torch.Tensor,
