@@ -17,7 +17,7 @@ import torch
 from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
 from vllm.v1.sample.logits_processor import LogitsProcessor
 
-from ocrd.engines.ngram import NGramBanLogitsProcessor
+from ocrd.engines.ngram import NGramBanLogitsProcessor, NoRepeatNGram
 
 
 class BanEos(LogitsProcessor):
@@ -86,3 +86,41 @@ class OldNGramIfAsked(NGramBanLogitsProcessor):
             index = index.to(logits.device, non_blocking=True)
             logits[index[0], index[1]] = -float("inf")
         return logits
+
+
+class FullScan(NoRepeatNGram):
+    """Round 3's ban: the whole window scanned at every step (a `list.index` walk over
+    the positions that start with the right token). Same bans as the incremental index."""
+
+    __slots__ = ()
+
+    def banned(self, output_ids: list[int]) -> set[int]:
+        n = self.ngram_size
+        length = len(output_ids)
+        if length < n or n < 2:
+            return set()
+        end = length - n + 1
+        prefix = output_ids[end:]
+        find = output_ids.index
+        found: set[int] = set()
+        i = max(0, length - self.window_size)
+        while i < end:
+            try:
+                i = find(prefix[0], i, end)
+            except ValueError:
+                break
+            if output_ids[i:i + n - 1] == prefix:
+                found.add(output_ids[i + n - 1])
+            i += 1
+        return found - self.whitelist_token_ids if found else found
+
+
+class ScanNGramIfAsked(NGramBanLogitsProcessor):
+    """ocrd's n-gram processor with round 3's full scan per step, for requests with
+    extra_args bench_ngram=fast_scan: the side-by-side control for the incremental index."""
+
+    def new_req_logits_processor(self, params: Any) -> Any:
+        if not _asked(params, "fast_scan"):
+            return None
+        plain = super().new_req_logits_processor(params)
+        return FullScan(plain.ngram_size, plain.window_size, plain.whitelist_token_ids)

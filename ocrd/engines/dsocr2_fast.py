@@ -62,7 +62,7 @@ CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
 # unset = where vLLM runs on CUDA/ROCm and Triton is there; "0" never; "1" wherever Triton
 # runs (the tests use Triton's CPU interpreter)
 FUSED_SAM_ENV = "OCRD_VLLM_FUSED_SAM"
-# "1": padded encoder calls replay CUDA graphs (EncoderGraphs; GPU only)
+# padded encoder calls replay CUDA graphs (EncoderGraphs) on a GPU; "0" turns them off
 GRAPHS_ENV = "OCRD_VLLM_ENCODER_GRAPHS"
 
 
@@ -295,7 +295,7 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         self.ocrd_fused_layers = (relpos_attention.patch_sam(self.sam_model)
                                   if fused and self.ocrd_fast else 0)
         self.ocrd_graphs = (EncoderGraphs() if self.ocrd_padded and self.ocrd_fast
-                            and os.environ.get(GRAPHS_ENV) == "1"
+                            and os.environ.get(GRAPHS_ENV) != "0"
                             and torch.cuda.is_available() else None)
         if why_not:
             logger.warning("ocrd's fast DeepSeek-OCR-2 encoder is off: %s (this vLLM's "

@@ -60,6 +60,45 @@ def test_same_bans_as_vllm_on_random_outputs() -> None:
     assert nonempty > cases // 4  # the cases do ban things
 
 
+def test_same_bans_step_by_step_as_the_output_grows() -> None:
+    """One instance per request, called every step on its growing output (as the engine
+    does): the incremental index must give what a full scan of the output gives, also
+    when the output gets shorter or its newest token changes between calls."""
+    rng = random.Random(9)
+    checked = nonempty = rebuilt = 0
+    for _ in range(300):
+        ngram = rng.randint(2, 6)
+        window = rng.randint(ngram, 40)
+        whitelist = rng.sample(range(3), rng.randint(0, 1))
+        target = outputs(rng, rng.randint(20, 90))
+        ban = NoRepeatNGram(ngram, window, whitelist)
+        ids: list[int] = []
+        while len(ids) < len(target):
+            ids.extend(target[len(ids):len(ids) + rng.choice((1, 1, 1, 2, 5))])
+            if rng.random() < 0.05 and len(ids) > 3:  # rolled back, then regrown
+                del ids[-rng.randint(1, 3):]
+                rebuilt += 1
+            elif rng.random() < 0.03:  # the newest token replaced
+                ids[-1] = (ids[-1] + 1) % 3
+                target[len(ids) - 1] = ids[-1]
+                rebuilt += 1
+            want = reference_banned(ngram, window, whitelist, ids)
+            assert ban.banned(ids) == want, (ngram, window, whitelist, ids)
+            checked += 1
+            nonempty += bool(want)
+    assert checked > 5000 and nonempty > checked // 4 and rebuilt > 100
+
+
+def test_a_long_run_of_one_token_is_indexed_once() -> None:
+    """A constant run: every position matches, one key holds the window's starts."""
+    ban = NoRepeatNGram(30, 90, [])
+    ids: list[int] = []
+    for _ in range(400):
+        ids.append(5)
+        assert ban.banned(ids) == ({5} if len(ids) >= 30 else set())
+    assert ban._follow == {(5,) * 29: {5: 90 - 30 + 1}} and len(ban._keys) == 90 - 30 + 1
+
+
 def test_recipe_settings_on_a_long_loop() -> None:
     ids = [7, 8, 9, 10, 11] * 40  # 200 tokens of one loop: 7 would continue it
     assert NoRepeatNGram(30, 90, []).banned(ids) == reference_banned(30, 90, [], ids) == {7}
