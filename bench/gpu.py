@@ -868,11 +868,8 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
             result["pages_in_flight"] = ready.get("pages_in_flight")
             print("READY", json.dumps(result), flush=True)
             server = f"http://127.0.0.1:{SERVER_PORT}/v1"
-            if api_servers > 1:
-                warm = data_urls(range(400_000, 400_000 + 8))
-                asyncio.run(direct_http(server, str(args.model), warm, 32, 64))
+            def direct(name: str) -> None:
                 done: list[tuple[float, int]] = []
-                name = f"direct_http_vllm_serve_x{api_servers}"
                 if args.profile:
                     profile_engine_core(args.out, name, args.profile_delay, args.profile)
                 t0 = time.monotonic()
@@ -883,6 +880,16 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                                           gpu_busy_pct=mem.busy_between(t0, t0 + dt),
                                           **flow(t0, done)))
                 save(args.out, phase, result)
+
+            if api_servers > 1:
+                # warm-up at full width: the first large batches compile kernels (vLLM
+                # logs a Triton JIT of fused_moe_kernel), which no measured row should pay
+                warm = data_urls(range(400_000, 400_000 + min(256, n_direct)))
+                t0 = time.monotonic()
+                asyncio.run(direct_http(server, str(args.model), warm, 64,
+                                        result["pages_in_flight"]))
+                result["warm_s"] = round(time.monotonic() - t0, 1)
+                direct(f"direct_http_vllm_serve_x{api_servers}")
             else:  # warm the in-process engine like the direct client warms the server
                 t0 = d.drop([singles[-1]])
                 d.wait_outputs([singles[-1].name], s["timeout"])
@@ -897,6 +904,8 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                                       gpu_busy_pct=mem.busy_between(t0, t1),
                                       **flow(t0, seen)))
             save(args.out, phase, result)
+            if api_servers > 1 and args.direct_again:  # the same server, after ocrd
+                direct(f"direct_http_vllm_serve_x{api_servers}_again")
             # one page into the idle daemon, several times
             lat = []
             for p in singles[: s["latency_n"]]:
@@ -1009,6 +1018,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stock-encoder", action="store_true",
                    help="daemon phases: engine.vllm.fast_encoder false (vLLM's encoder path)")
     p.add_argument("--restart", action="store_true", help="managed: kill the server once")
+    p.add_argument("--direct-again", action="store_true",
+                   help="managed: feed the server directly again after ocrd's run")
     p.add_argument("--merge", type=Path, action="append", default=[],
                    help="report: also the results in this folder (repeatable)")
     p.add_argument("--only", default="", help="offline: some of encoder,baseline,"
