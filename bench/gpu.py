@@ -849,7 +849,8 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                               "rows": []}
     work = args.work / phase
     n_ocrd = args.pages or (s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"])
-    n_direct = args.pages or s["direct_pages"]
+    n_direct = (args.direct_pages if args.direct_pages is not None
+                else args.pages or s["direct_pages"])
     pdfs = make_pdfs(work / "pdfs", n_ocrd, s["per_file"], 100_000)
     singles = [make_pdfs(work / f"single{i}", 1, 1, 200_000 + i)[0]
                for i in range(s["latency_n"] + 1)]
@@ -884,12 +885,13 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
             if api_servers > 1:
                 # warm-up at full width: the first large batches compile kernels (vLLM
                 # logs a Triton JIT of fused_moe_kernel), which no measured row should pay
-                warm = data_urls(range(400_000, 400_000 + min(256, n_direct)))
+                warm = data_urls(range(400_000, 400_000 + (8 if args.tiny else 256)))
                 t0 = time.monotonic()
                 asyncio.run(direct_http(server, str(args.model), warm, 64,
                                         result["pages_in_flight"]))
                 result["warm_s"] = round(time.monotonic() - t0, 1)
-                direct(f"direct_http_vllm_serve_x{api_servers}")
+                if urls:
+                    direct(f"direct_http_vllm_serve_x{api_servers}")
             else:  # warm the in-process engine like the direct client warms the server
                 t0 = d.drop([singles[-1]])
                 d.wait_outputs([singles[-1].name], s["timeout"])
@@ -904,7 +906,7 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                                       gpu_busy_pct=mem.busy_between(t0, t1),
                                       **flow(t0, seen)))
             save(args.out, phase, result)
-            if api_servers > 1 and args.direct_again:  # the same server, after ocrd
+            if api_servers > 1 and args.direct_again and urls:  # the same server, after ocrd
                 direct(f"direct_http_vllm_serve_x{api_servers}_again")
             # one page into the idle daemon, several times
             lat = []
@@ -1018,6 +1020,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stock-encoder", action="store_true",
                    help="daemon phases: engine.vllm.fast_encoder false (vLLM's encoder path)")
     p.add_argument("--restart", action="store_true", help="managed: kill the server once")
+    p.add_argument("--direct-pages", type=int, default=None,
+                   help="managed: pages for the direct client (default: --pages; 0: none)")
     p.add_argument("--direct-again", action="store_true",
                    help="managed: feed the server directly again after ocrd's run")
     p.add_argument("--merge", type=Path, action="append", default=[],
