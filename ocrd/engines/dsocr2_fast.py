@@ -25,6 +25,15 @@ are called:
   embeddings still do not depend on the step's other pages (unpadded calls would: their
   shape, and with it the kernels' rounding, would follow the number of pages).
 
+Two more changes, on a GPU only (bench/GPU_RESULTS.md, round 4):
+- SAM's attention layers run ocrd's fused kernel (ocrd/engines/relpos_attention.py):
+  the relative-position bias is added inside a flash-attention kernel instead of being
+  written out as a heads × tokens² tensor (36 → 27 ms of GPU time per A4 page);
+- in batched mode every padded call shape is captured once as a CUDA graph
+  (`EncoderGraphs`) and replayed: one launch instead of ~2,000, so the engine core's
+  thread is free for the step's other work while the GPU encodes.
+`OCRD_VLLM_FUSED_SAM=0` / `OCRD_VLLM_ENCODER_GRAPHS=0` turn them off.
+
 ocrd registers the class for the architecture through its vLLM plugin
 (`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
 `engine.vllm.batch_encoder` through the same environment variable (default: batched on

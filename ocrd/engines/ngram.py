@@ -10,10 +10,11 @@ H200 with 256 pages in flight that cut the engine from 11.1 to 6.2 pages/s
 (bench/GPU_RESULTS.md).
 
 This processor bans the same tokens (tests/vllm_engine/test_ngram.py compares it with
-vLLM's on random sequences) with a `list.index` scan that jumps between candidate
-positions, and writes all bans of a step at once from pinned memory without waiting for
-the GPU. It is a drop-in: same request arguments, same validation (vLLM's class is the
-base). Loaded by name inside vLLM's engine core, never imported by the daemon itself.
+vLLM's on random sequences, call by call as outputs grow) from an index per request that
+each step updates by the newest n-gram (`NoRepeatNGram`), and writes all bans of a step
+at once from pinned memory without waiting for the GPU. It is a drop-in: same request
+arguments, same validation (vLLM's class is the base). Loaded by name inside vLLM's
+engine core, never imported by the daemon itself.
 """
 
 from __future__ import annotations
