@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
 
 require_vllm()
 import torch  # noqa: E402
+from small_sam import small_sam  # noqa: E402  (tests/vllm_engine)
 
 from ocrd.engines import dsocr2_fast  # noqa: E402
 from ocrd.engines import relpos_attention as ra  # noqa: E402
@@ -50,23 +50,6 @@ def test_the_kernel_in_tritons_interpreter() -> None:
     summary = re.search(r"(\d+) passed", proc.stdout)
     assert summary and int(summary.group(1)) >= 12, tail
     assert not re.search(r"\d+ (skipped|failed|error)", proc.stdout), tail
-
-
-def small_sam() -> Any:
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.models.deepencoder import ImageEncoderViT
-
-    torch.manual_seed(0)
-    with set_current_vllm_config(VllmConfig()):
-        sam = ImageEncoderViT(img_size=128, patch_size=16, embed_dim=64, depth=3,
-                              num_heads=2, mlp_ratio=4, out_chans=256, qkv_bias=True,
-                              norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
-                              use_rel_pos=True, window_size=3, global_attn_indexes=(1,),
-                              last_conv_output=32)
-    with torch.no_grad():
-        for name, p in sam.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if "rel_pos" in name else 0.05))
-    return sam.eval()
 
 
 def test_the_layer_around_the_kernel_is_vllms_layer(monkeypatch: pytest.MonkeyPatch) -> None:

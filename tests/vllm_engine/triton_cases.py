@@ -7,10 +7,10 @@ the main test process must not see (vLLM's CPU build is installed without Triton
 from __future__ import annotations
 
 import os
-from functools import partial
 
 import pytest
 import torch
+from small_sam import small_sam  # tests/vllm_engine (conftest.py puts it on the path)
 
 from ocrd.engines import relpos_attention as ra
 
@@ -90,20 +90,7 @@ def test_vllms_sam_gives_the_same_features_with_the_kernel(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's own SAM (window and global layers, relative positions on), patched: the
     same output as vLLM's forward, which the switch brings back bit for bit."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.models.deepencoder import ImageEncoderViT
-
-    torch.manual_seed(0)
-    with set_current_vllm_config(VllmConfig()):
-        sam = ImageEncoderViT(img_size=128, patch_size=16, embed_dim=64, depth=3,
-                              num_heads=2, mlp_ratio=4, out_chans=256, qkv_bias=True,
-                              norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
-                              use_rel_pos=True, window_size=3, global_attn_indexes=(1,),
-                              last_conv_output=32)
-    with torch.no_grad():  # vLLM leaves its weights uninitialised
-        for name, p in sam.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if "rel_pos" in name else 0.05))
-    sam.eval()
+    sam = small_sam()
     calls = []
     kernel = ra.relpos_attention
     monkeypatch.setattr(ra, "relpos_attention",
