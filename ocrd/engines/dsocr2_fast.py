@@ -32,7 +32,8 @@ Two more changes, on a GPU only (bench/GPU_RESULTS.md, round 4):
 - in batched mode every padded call shape is captured once as a CUDA graph
   (`EncoderGraphs`) and replayed: one launch instead of ~2,000, so the engine core's
   thread is free for the step's other work while the GPU encodes.
-`OCRD_VLLM_FUSED_SAM=0` / `OCRD_VLLM_ENCODER_GRAPHS=0` turn them off.
+`OCRD_VLLM_FUSED_SAM=0` / `OCRD_VLLM_ENCODER_GRAPHS=0` turn them off (the graphs also
+stay off where vLLM runs with `enforce_eager`).
 
 ocrd registers the class for the architecture through its vLLM plugin
 (`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
@@ -262,6 +263,17 @@ def fused_sam_wanted() -> tuple[bool, str]:
     return True, "on a GPU"
 
 
+def graphs_wanted(vllm_config: Any) -> bool:
+    """CUDA graphs for the padded encoder calls: on a CUDA GPU, unless turned off with
+    OCRD_VLLM_ENCODER_GRAPHS=0 or by vLLM's own `enforce_eager` (no graphs at all)."""
+    if os.environ.get(GRAPHS_ENV) == "0":
+        return False
+    model_config = getattr(vllm_config, "model_config", None)
+    if getattr(model_config, "enforce_eager", False):
+        return False
+    return torch.cuda.is_available()
+
+
 def batched_mode(setting: str | None) -> bool:
     """The plugin's setting → batched or page by page ("auto": batched on a GPU)."""
     if setting == AUTO:
@@ -304,8 +316,7 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         self.ocrd_fused_layers = (relpos_attention.patch_sam(self.sam_model)
                                   if fused and self.ocrd_fast else 0)
         self.ocrd_graphs = (EncoderGraphs() if self.ocrd_padded and self.ocrd_fast
-                            and os.environ.get(GRAPHS_ENV) != "0"
-                            and torch.cuda.is_available() else None)
+                            and graphs_wanted(vllm_config) else None)
         if why_not:
             logger.warning("ocrd's fast DeepSeek-OCR-2 encoder is off: %s (this vLLM's "
                            "model differs from the one it was written for); vLLM's own "

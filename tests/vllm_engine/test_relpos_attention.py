@@ -108,3 +108,18 @@ def test_switching_the_fast_path_off_switches_the_kernel_off() -> None:
     assert all(m._ocrd_blocks == (32, 16, 4, 2) for m in layers)
     model.ocrd_fused_layers = 0  # nothing patched: the switch cannot turn it on
     assert not model.ocrd_set_fused(True)
+
+
+def test_when_padded_encoder_calls_become_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    def config(eager: bool) -> Any:
+        return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager))
+
+    monkeypatch.delenv(dsocr2_fast.GRAPHS_ENV, raising=False)
+    assert not dsocr2_fast.graphs_wanted(config(False))  # this CPU: no CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert dsocr2_fast.graphs_wanted(config(False))
+    assert not dsocr2_fast.graphs_wanted(config(True))  # vLLM's enforce_eager: none
+    monkeypatch.setenv(dsocr2_fast.GRAPHS_ENV, "0")
+    assert not dsocr2_fast.graphs_wanted(config(False))
