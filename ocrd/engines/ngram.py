@@ -32,14 +32,14 @@ class NoRepeatNGram:
     output tokens (minus the whitelist). Same result as vLLM's NoRepeatNGramLogitsProcessor,
     including its quirk that ngram_size 1 bans nothing.
 
-    Incremental: the request's output only grows by a few tokens per step, so the index
-    of its (n-1)-grams (→ where they start) gains the n-grams completed since the last
-    call and drops those that left the window; a step then costs one tuple and one dict
-    lookup whatever the text looks like. (A full scan costs 1 µs per step on varied text
-    and 13 µs on a run of one token, where every position matches the first token; with
-    256 pages in flight that scan was 16% of the engine core's thread on an H200.) If
-    the output is not what the index was built from (shorter, or its last token changed),
-    the index is rebuilt."""
+    Incremental: the request's output only grows by a few tokens per step, so an index
+    (n-1)-gram → {token that followed it: count} gains the n-grams completed since the
+    last call and drops those that left the window; a step then costs one tuple and a
+    few dict operations whatever the text looks like. (A full scan costs 1 µs per step
+    on varied text and 13 µs on a run of one token, where every position matches the
+    first token; with 256 pages in flight that scan was 16% of the engine core's thread
+    on an H200.) If the output is not what the index was built from (shorter, or its
+    last token changed), the index is rebuilt."""
 
     __slots__ = ("ngram_size", "window_size", "whitelist_token_ids", "_follow", "_keys",
                  "_first", "_added", "_seen", "_last", "_suffix")

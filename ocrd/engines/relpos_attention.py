@@ -38,11 +38,11 @@ except ImportError:  # CPU builds: the callers check `available()`
     triton = None
     tl = None
 
-LOG2E = math.log2(math.e)
+LOG2E = math.log2(math.e)  # the kernel spells it out: Triton reads no module globals
 # TRITON_INTERPRET=1 runs kernels on the CPU (the tests); its dot has no bf16
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# (query block, key block, warps, pipeline stages). The H200 measurement is in
-# bench/GPU_RESULTS.md; OCRD_RELPOS_BLOCKS in bench/gpu.py tries others.
+# (query block, key block, warps, pipeline stages). On the H200 128×64 with 8 warps and
+# 3 stages was slower (bench/gpu.py mode padded_fused_b128; bench/GPU_RESULTS.md round 4).
 BLOCKS = (64, 64, 4, 2)
 
 
