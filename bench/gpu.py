@@ -340,6 +340,11 @@ def save(out: Path, phase: str, data: dict) -> None:
     (out / f"results_{phase}.json").write_text(json.dumps(data, indent=1))
 
 
+def knobs() -> dict[str, str]:
+    """ocrd's environment settings of this run (OCRD_VLLM_ENCODER_BUCKETS=0 etc.)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("OCRD_")}
+
+
 def row(name: str, pages: int, seconds: float, **extra: Any) -> dict[str, Any]:
     r = {"config": name, "pages": pages, "wall_s": round(seconds, 2),
          "pages_per_s": round(pages / seconds, 3) if seconds > 0 else None, **extra}
@@ -360,7 +365,9 @@ CEILINGS = (("stock", None, "stock_no"), ("page", None, "page_no"),
             ("padded_fused", "fast", "padded_fused_ocrd"),
             ("padded_fused_graphs", None, "padded_fused_graphs_no"),
             ("padded_fused_graphs", "fast", "padded_fused_graphs_ocrd"),
-            ("padded_fused_graphs", "fast_scan", "padded_fused_graphs_ocrd_scan"))
+            ("padded_fused_graphs", "fast_scan", "padded_fused_graphs_ocrd_scan"),
+            ("bucketed_fused_graphs", None, "bucketed_fused_graphs_no"),
+            ("bucketed_fused_graphs", "fast", "bucketed_fused_graphs_ocrd"))
 
 
 def phase_offline(args: argparse.Namespace) -> None:
@@ -370,7 +377,7 @@ def phase_offline(args: argparse.Namespace) -> None:
     os.environ.update(env)
     if args.tiny:
         sys.path.insert(0, env["PYTHONPATH"].split(os.pathsep)[0])
-    result: dict[str, Any] = {"phase": "offline", "rows": [], "T": T}
+    result: dict[str, Any] = {"phase": "offline", "rows": [], "T": T, "knobs": knobs()}
     t0 = time.perf_counter()
     import vllm
     from vllm import LLM, SamplingParams
@@ -473,22 +480,35 @@ def phase_offline(args: argparse.Namespace) -> None:
             print(f"FRONTEND {label} {ms:.1f} ms/page", flush=True)
         save(args.out, "offline", result)
 
-        def decode_prepared(name: str, n: int, ngram: str | None, T: int = T) -> None:
+        def decode_prepared(name: str, n: int, ngram: str | None, T: int = T,
+                            rate: float = 0.0) -> None:
             """GPU-only: inputs prepared untimed, copies with their own hashes (so the
-            vision encoder runs for every page), all submitted at once."""
+            vision encoder runs for every page). rate 0: all submitted at once; else
+            paced like a served engine: at most `rate` pages/s arrive (vLLM's front
+            ends) and at most --paced-in-flight are in the engine, each finished page
+            making room for the next (the steady state, where pages trickle in)."""
             base = prepared["a4"]
             sp = params(T, ngram, final_only=True)
-            outs = []
+            outs, done = [], []
+            in_flight = args.paced_in_flight if rate else n
             if args.profile:
                 profile_engine_core(args.out, name, args.profile_delay, args.profile)
             t0, m0 = time.perf_counter(), time.monotonic()
-            for i in range(n):
-                item = dict(base[i % len(base)])
-                item["mm_hashes"] = {"image": [f"{name}-{i}"]}
-                item["arrival_time"] = time.time()
-                eng.add_request(f"{name}-{i}", item, sp)
-            while eng.has_unfinished_requests():
-                outs += [o for o in eng.step() if o.finished]
+            added = 0
+            while added < n or eng.has_unfinished_requests():
+                due = n if not rate else min(n, int((time.perf_counter() - t0) * rate) + 1)
+                while added < min(due, len(outs) + in_flight):
+                    item = dict(base[added % len(base)])
+                    item["mm_hashes"] = {"image": [f"{name}-{added}"]}
+                    item["arrival_time"] = time.time()
+                    eng.add_request(f"{name}-{added}", item, sp)
+                    added += 1
+                if not eng.has_unfinished_requests():
+                    time.sleep(0.001)  # paced: the next page is not due yet
+                    continue
+                finished = [o for o in eng.step() if o.finished]
+                outs += finished
+                done += [(time.monotonic(), 1) for _ in finished]
             dt = time.perf_counter() - t0
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             # how repetitive the (dummy-weight) text is: the n-gram scan's cost follows it
@@ -497,7 +517,9 @@ def phase_offline(args: argparse.Namespace) -> None:
                                       ngram=ngram or "none",
                                       distinct_tokens_p50=distinct[len(distinct) // 2]
                                       if distinct else None,
-                                      gpu_busy_pct=mem.busy_between(m0, m0 + dt)))
+                                      gpu_busy_pct=mem.busy_between(m0, m0 + dt),
+                                      **({"arrival_rate": rate, "in_flight": in_flight,
+                                          **flow(m0, done)} if rate else {})))
             save(args.out, "offline", result)
 
         # several sizes: with max_num_seqs above 256, how much more the GPU does at once
@@ -513,7 +535,9 @@ def phase_offline(args: argparse.Namespace) -> None:
                     encoder(mode)
                     size = "" if n == sizes(False)["ceiling_pages"] else f"_x{n}"
                     again = f"_r{rep + 1}" if args.repeat > 1 else ""
-                    decode_prepared(f"gpu_only_ceiling_{label}_ngram{size}{again}", n, ngram)
+                    kind = "paced" if args.paced else "ceiling"
+                    decode_prepared(f"gpu_only_{kind}_{label}_ngram{size}{again}", n, ngram,
+                                    rate=args.paced)
         encoder("page")
     result["gpu_mem_peak_mib"] = mem.peak
     save(args.out, "offline", result)
@@ -533,8 +557,9 @@ def _model_class(model: Any) -> str:
 
 
 def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> str | None:
-    """stock: vLLM's encoder code; page / batched / padded: ocrd's modes (padded: batched
-    in calls of a fixed size), optionally `_fused` (SAM's attention in ocrd's fused
+    """stock: vLLM's encoder code; page / batched / padded / bucketed: ocrd's modes
+    (padded: batched in calls of the full size; bucketed: of the full size or one of its
+    halves, the default), optionally `_fused` (SAM's attention in ocrd's fused
     kernel) and `_graphs` (padded calls replayed as CUDA graphs). chunks: (global views,
     tiles) per call."""
     if not hasattr(model, "ocrd_set_fast"):
@@ -545,8 +570,9 @@ def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> s
 
     base, *flags = mode.split("_")
     model.ocrd_set_fast(base != "stock")
-    model.ocrd_batched = base in ("batched", "padded")
-    model.ocrd_padded = base == "padded"
+    model.ocrd_batched = base in ("batched", "padded", "bucketed")
+    model.ocrd_padded = base in ("padded", "bucketed")
+    model.ocrd_bucketed = base == "bucketed"
     model.ocrd_set_fused("fused" in flags, BLOCKS.get(mode))
     graphs = "graphs" in flags and model.ocrd_padded and torch.cuda.is_available()
     if graphs != bool(getattr(model, "ocrd_graphs", None)) or (chunks and graphs):
@@ -558,11 +584,13 @@ def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> s
 
 # block sizes of the fused kernel (query, key, warps, stages) for modes that try others
 BLOCKS = {"padded_fused_b128": (128, 64, 8, 3)}
-ENCODER_MODES = (("stock", None), ("page", None), ("padded", None), ("padded_fused", None),
-                 ("padded_fused_b128", None), ("padded_fused_graphs", None),
-                 ("padded_fused", (4, 12)), ("padded_fused_graphs", (4, 12)))
+ENCODER_MODES = (("stock", None), ("page", None), ("padded_fused", None),
+                 ("padded_fused_graphs", None), ("bucketed_fused", None),
+                 ("bucketed_fused_graphs", None), ("padded_fused_graphs", (4, 12)))
 # the modes whose CUDA kernels are listed (where the time goes)
-PROFILED = ("padded", "padded_fused", "padded_fused_graphs")
+PROFILED = ("padded_fused_graphs",)
+# page counts timed besides one page and `pages` (a step's new pages when they trickle)
+FEW_PAGES = (2, 3, 4)
 
 
 def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
@@ -606,6 +634,8 @@ def _encoder_bench(model: Any, pages: int, reps: int = 3) -> dict[str, Any]:
             sync()
             out[f"{label}_one_page_ms"] = timed(1)
             alone = embeddings[label][0]
+            out[f"{label}_few_pages_ms_per_page"] = {n: timed(n) for n in FEW_PAGES
+                                                     if n < pages}
             out[f"{label}_ms_per_page"] = timed(pages)
             # batch invariance: page 0 alone and among `pages` others, the same numbers?
             out[f"{label}_page_alone_equal"] = bool(torch.equal(alone, embeddings[label][0]))
@@ -845,7 +875,7 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     engine["vllm"]["batch_encoder"] = ENCODER_SETTING[args.encoder_mode]
     result: dict[str, Any] = {"phase": phase, "api_servers": api_servers, "T": T,
                               "ngram": ngram, "fast_encoder": not args.stock_encoder,
-                              "encoder_mode": args.encoder_mode,
+                              "encoder_mode": args.encoder_mode, "knobs": knobs(),
                               "rows": []}
     work = args.work / phase
     n_ocrd = args.pages or (s["ocrd_pages"] if api_servers > 1 else s["inproc_pages"])
@@ -1043,6 +1073,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pages-in-flight", type=int, default=0,
                    help="daemon phases: schedule.pages_in_flight (0: the engine's choice; "
                    "the direct client keeps as many in flight)")
+    p.add_argument("--paced", type=float, default=0.0,
+                   help="offline: run the chosen GPU-only ceilings paced, at most this many "
+                   "pages/s arriving (vLLM's front ends: ~40 with 8) and --paced-in-flight "
+                   "in the engine, instead of all at once")
+    p.add_argument("--paced-in-flight", type=int, default=288,
+                   help="offline, --paced: pages in the engine at once (the managed "
+                   "daemon's 256 + 4 per front end)")
     p.add_argument("--repeat", type=int, default=1,
                    help="offline: run the chosen GPU-only ceilings this many times in "
                    "alternating order, after a short warm-up pass")

@@ -18,18 +18,23 @@ are called:
   (global view alone, the page's tiles together): the same embeddings to the bit, and a
   page's embeddings never depend on which other pages share its engine step;
 - mode "batched" puts the global views of every page in the step through SAM → Qwen2 →
-  projector together, and all their tiles too, in calls of a fixed number of views
-  (the last one padded with blank views; the size also bounds the memory of SAM's
-  attention bias): fewer, larger GPU calls, the same embeddings up to the rounding of
-  the kernels of the larger shapes. Because every call has the same shape, a page's
-  embeddings still do not depend on the step's other pages (unpadded calls would: their
-  shape, and with it the kernels' rounding, would follow the number of pages).
+  projector together, and all their tiles too, in padded calls of a few fixed sizes
+  (`call_sizes`: 8, 4, 2 or 1 global views, 24, 12, 6 or 3 tiles — full calls, and the
+  rest in the smallest size that holds it, filled up with blank views; the largest
+  size also bounds the memory of SAM's attention): fewer, larger GPU calls, the same
+  embeddings up to the rounding of the kernels of the larger shapes. The sizes are
+  what makes a lone page cheap where pages trickle in (a served engine: one or two new
+  pages per step), 1 global view and 6 tiles instead of 8 and 24.
+  With `OCRD_VLLM_ENCODER_BUCKETS=0` every call has the full size: then a page's
+  embeddings do not depend on the step's other pages, to the bit (with several sizes
+  the kernels, and their rounding, may follow the size of the page's call — as vLLM's
+  own decoder steps follow the batch size).
 
 Two more changes, on a GPU only (bench/GPU_RESULTS.md, round 4):
 - SAM's attention layers run ocrd's fused kernel (ocrd/engines/relpos_attention.py):
   the relative-position bias is added inside a flash-attention kernel instead of being
   written out as a heads × tokens² tensor (36 → 27 ms of GPU time per A4 page);
-- in batched mode every padded call shape is captured once as a CUDA graph
+- in batched mode every padded call size is captured once as a CUDA graph
   (`EncoderGraphs`) and replayed: one launch instead of ~2,000, so the engine core's
   thread is free for the step's other work while the GPU encodes.
 `OCRD_VLLM_FUSED_SAM=0` / `OCRD_VLLM_ENCODER_GRAPHS=0` turn them off (the graphs also
@@ -38,7 +43,8 @@ stay off where vLLM runs with `enforce_eager`).
 ocrd registers the class for the architecture through its vLLM plugin
 (`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
 `engine.vllm.batch_encoder` through the same environment variable (default: batched on
-a GPU, page by page on a CPU, where padding a lone page to 8 views would cost 8x).
+a GPU, page by page on a CPU, where vLLM's own shapes cost no more and give its very
+embeddings).
 """
 
 from __future__ import annotations
@@ -63,11 +69,14 @@ logger = init_logger("vllm.ocrd.dsocr2_fast")
 # bias of heads × tokens² per view: ~0.4 GB for a 1024 px view (4096 tokens), ~0.13 GB
 # for a 768 px tile (2304 tokens), in bf16. These chunks keep one call under ~3.5 GB,
 # inside the memory vLLM leaves outside its KV cache (1 - gpu_memory_utilization).
-# In mode "batched" every call is padded to exactly this many views (batch invariance).
-# OCRD_VLLM_ENCODER_CHUNKS="GxT" overrides them per model (`ocrd_chunks`).
+# In mode "batched" every call is padded to this many views or to one of its halves
+# (`call_sizes`). OCRD_VLLM_ENCODER_CHUNKS="GxT" overrides them per model (`ocrd_chunks`).
 GLOBAL_VIEWS_PER_CALL = 8
 TILES_PER_CALL = 24
 CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
+# padded calls in several sizes (the default) or, with "0", always the full size: a
+# page's embeddings then never depend on the step's other pages (batch invariance)
+BUCKETS_ENV = "OCRD_VLLM_ENCODER_BUCKETS"
 # SAM's attention with the relative-position bias fused (ocrd/engines/relpos_attention.py):
 # unset = where vLLM runs on CUDA/ROCm and Triton is there; "0" never; "1" wherever Triton
 # runs (the tests use Triton's CPU interpreter)
@@ -85,6 +94,19 @@ def chunks_from_env() -> tuple[int, int]:
     except ValueError:
         pass
     return GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL
+
+
+def buckets_wanted() -> bool:
+    return os.environ.get(BUCKETS_ENV) != "0"
+
+
+def call_sizes(per_call: int, bucketed: bool = True) -> tuple[int, ...]:
+    """The sizes a padded call may have, largest first: `per_call` and its halves while
+    they divide evenly (8 → 8, 4, 2, 1; 24 → 24, 12, 6, 3), or `per_call` alone."""
+    sizes = [per_call]
+    while bucketed and sizes[-1] % 2 == 0:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
 
 
 @functools.lru_cache(maxsize=16)
@@ -146,29 +168,33 @@ def _encode(model: Any, views: torch.Tensor) -> torch.Tensor:
 class EncoderGraphs:
     """CUDA graphs of the encoder (SAM → Qwen2 → projector), one per padded call shape.
 
-    A padded call always has the same shape, so its ~2,000 kernel launches (most of them
+    A padded call has one of a few shapes, so its ~2,000 kernel launches (most of them
     small: the Qwen2 layers over 4,096 tokens) can be recorded once and replayed as one
     launch: the engine core's thread no longer spends the call launching kernels (and
-    waiting for a full launch queue). Captured on a call shape's first use (vLLM's
-    memory profiling run, where its memory is counted), after two warm-up runs that
-    also compile the Triton kernels. The output is copied out of the graph's buffer."""
+    waiting for a full launch queue). The first call of a kind of view (1024 px global
+    views, 768 px tiles) captures every call size of that kind, largest first — in
+    vLLM's memory-profiling run at start, where their memory is counted — each after two
+    warm-up runs that also compile the Triton kernels. The sizes of a kind share one
+    input buffer (a size's input is its first rows) and one memory pool; the output is
+    copied out of the graph's buffer."""
 
     def __init__(self) -> None:
-        self.graphs: dict[tuple, Any] = {}  # shape → (graph, input, output) or False
+        # (shape, dtype, device) → (graph, input, output), or False: run op by op
+        self.graphs: dict[tuple, Any] = {}
         self.pool: Any = None
 
-    def __call__(self, model: Any, views: torch.Tensor) -> torch.Tensor:
-        key = (tuple(views.shape), views.dtype, views.device)
-        entry = self.graphs.get(key)
-        if entry is None:
-            try:
-                entry = self._capture(model, views)
-            except RuntimeError as e:  # an op that cannot be captured: run it eagerly
-                logger.warning("ocrd encoder: no CUDA graph for calls of shape %s (%s); "
-                               "running them op by op", list(views.shape), e)
-                torch.cuda.synchronize(views.device)
-                entry = False
-            self.graphs[key] = entry
+    @staticmethod
+    def key(views: torch.Tensor) -> tuple:
+        return (tuple(views.shape), views.dtype, views.device)
+
+    def __call__(self, model: Any, views: torch.Tensor,
+                 sizes: tuple[int, ...] = ()) -> torch.Tensor:
+        """Encode `views` (a padded call) by its graph; `sizes`: the other call sizes
+        of this kind of view, captured along with it on first use."""
+        key = self.key(views)
+        if key not in self.graphs:
+            self._capture_sizes(model, views, sizes)
+        entry = self.graphs[key]
         if entry is False:  # capture failed for this shape: plain calls
             return _encode(model, views)
         graph, static_in, static_out = entry
@@ -176,40 +202,57 @@ class EncoderGraphs:
         graph.replay()
         return static_out.clone()
 
-    def _capture(self, model: Any, views: torch.Tensor) -> tuple[Any, torch.Tensor,
-                                                                  torch.Tensor]:
-        static_in = views.clone()
-        side = torch.cuda.Stream(device=views.device)
-        side.wait_stream(torch.cuda.current_stream(views.device))
+    def _capture_sizes(self, model: Any, views: torch.Tensor, sizes: tuple[int, ...]) -> None:
+        counts = sorted({views.shape[0], *sizes}, reverse=True)
+        buffer = views.new_zeros((counts[0], *views.shape[1:]))
+        for n in counts:
+            static_in = buffer[:n]
+            key = self.key(static_in)
+            if key in self.graphs:
+                continue
+            try:
+                self.graphs[key] = self._capture(model, static_in)
+                logger.info("ocrd encoder: CUDA graph captured for calls of shape %s",
+                            list(static_in.shape))
+            except RuntimeError as e:  # an op that cannot be captured: run it eagerly
+                logger.warning("ocrd encoder: no CUDA graph for calls of shape %s (%s); "
+                               "running them op by op", list(static_in.shape), e)
+                torch.cuda.synchronize(views.device)
+                self.graphs[key] = False
+
+    def _capture(self, model: Any, static_in: torch.Tensor) -> tuple[Any, torch.Tensor,
+                                                                       torch.Tensor]:
+        side = torch.cuda.Stream(device=static_in.device)
+        side.wait_stream(torch.cuda.current_stream(static_in.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 _encode(model, static_in)
-        torch.cuda.current_stream(views.device).wait_stream(side)
+        torch.cuda.current_stream(static_in.device).wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             static_out = _encode(model, static_in)
-        logger.info("ocrd encoder: CUDA graph captured for calls of shape %s",
-                    list(views.shape))
         return graph, static_in, static_out
 
 
 def _encode_views(model: Any, views: torch.Tensor, per_call: int,
-                  padded: bool = False) -> torch.Tensor:
+                  padded: bool = False, bucketed: bool = False) -> torch.Tensor:
     """SAM → Qwen2 encoder → projector over views [N, 3, s, s]: [N, tokens, dim], in
-    calls of `per_call` views. `padded`: every call gets exactly `per_call` views (the
-    last one filled up with blank views), so the kernels, and with them each view's
-    rounding, are the same whatever else is in the step (and, where the model has
-    `ocrd_graphs`, the call replays a CUDA graph)."""
+    calls of up to `per_call` views. `padded`: every call gets exactly one of the sizes
+    of `call_sizes(per_call, bucketed)` (the smallest that holds its views; the rest
+    blank views), so the kernels, and with them each view's rounding, follow only that
+    size (and, where the model has `ocrd_graphs`, the call replays a CUDA graph)."""
     graphs = getattr(model, "ocrd_graphs", None) if padded else None
+    sizes = call_sizes(per_call, bucketed)
     parts = []
     for i in range(0, views.shape[0], per_call):
         chunk = views[i:i + per_call]
         n = chunk.shape[0]
-        if padded and n < per_call:
-            chunk = torch.cat([chunk, chunk.new_zeros((per_call - n, *chunk.shape[1:]))])
-        parts.append((graphs(model, chunk) if graphs else _encode(model, chunk))[:n])
+        size = min(s for s in sizes if s >= n) if padded else n
+        if size > n:
+            chunk = torch.cat([chunk, chunk.new_zeros((size - n, *chunk.shape[1:]))])
+        parts.append((graphs(model, chunk, sizes) if graphs else _encode(model, chunk))[:n])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -217,7 +260,7 @@ def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.T
                     images_spatial_crop: torch.Tensor, batched: bool,
                     padded: bool = False,
                     chunks: tuple[int, int] = (GLOBAL_VIEWS_PER_CALL, TILES_PER_CALL),
-                    ) -> list[torch.Tensor]:
+                    bucketed: bool = False) -> list[torch.Tensor]:
     """What vLLM's `_pixel_values_to_embedding` returns (per page: its tiles' tokens, its
     global view's tokens, the view separator): page by page with vLLM's own shapes, or
     with the step's pages batched together."""
@@ -226,10 +269,11 @@ def page_embeddings(model: Any, pixel_values: torch.Tensor, images_crop: torch.T
     pages = len(grids)
     starts = [sum(tiles[:page]) for page in range(pages)]
     if batched:
-        global_tokens = _encode_views(model, pixel_values[:pages], chunks[0], padded)
+        global_tokens = _encode_views(model, pixel_values[:pages], chunks[0], padded,
+                                      bucketed)
         total_tiles = sum(tiles)
-        local_tokens = (_encode_views(model, images_crop[:total_tiles], chunks[1], padded)
-                        if total_tiles else None)
+        local_tokens = (_encode_views(model, images_crop[:total_tiles], chunks[1], padded,
+                                      bucketed) if total_tiles else None)
     separator = model.view_seperator[None, :]
     out: list[torch.Tensor] = []
     for page in range(pages):
@@ -307,9 +351,10 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         why_not = unsupported(self)
         self.ocrd_chunks = chunks_from_env()  # (global views, tiles) per call
-        # batched mode in production is always padded: a page's embeddings must not
-        # depend on the step's other pages (unpadded: the benchmark's comparison only)
+        # batched mode in production is always padded: the kernels follow a few call
+        # sizes, not the number of pages in the step (unpadded: the benchmark's control)
         self.ocrd_batched = self.ocrd_padded = batched_mode(os.environ.get(ENV))
+        self.ocrd_bucketed = buckets_wanted()
         self.ocrd_fast = why_not is None
         self.ocrd_mask_patched = self.ocrd_fast and patch_mask(self.qwen2_model)
         fused, reason = fused_sam_wanted()
@@ -322,10 +367,11 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                            "model differs from the one it was written for); vLLM's own "
                            "encoder path is used", why_not)
             return
+        sizes = ["/".join(map(str, call_sizes(n, self.ocrd_bucketed)))
+                 for n in self.ocrd_chunks]
         logger.info("%s: %s; vectorised mask %s; SAM attention %s%s", LOADED_MARK,
-                    f"pages batched, {self.ocrd_chunks[0]} global views and "
-                    f"{self.ocrd_chunks[1]} tiles per call" if self.ocrd_batched
-                    else "page by page",
+                    f"pages batched, {sizes[0]} global views and {sizes[1]} tiles per "
+                    "call" if self.ocrd_batched else "page by page",
                     "patched in" if self.ocrd_mask_patched else "not needed (vLLM has it)",
                     f"fused in {self.ocrd_fused_layers} layers ({reason})"
                     if self.ocrd_fused_layers else f"vLLM's ({reason})",
@@ -354,4 +400,5 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                 pixel_values=pixel_values, images_crop=images_crop,
                 images_spatial_crop=images_spatial_crop)
         return page_embeddings(self, pixel_values, images_crop, images_spatial_crop,
-                               self.ocrd_batched, self.ocrd_padded, self.ocrd_chunks)
+                               self.ocrd_batched, self.ocrd_padded, self.ocrd_chunks,
+                               self.ocrd_bucketed)

@@ -1,7 +1,8 @@
 """`engine.vllm.batch_encoder: true` through ocrd's in-process engine on the real vLLM
 engine (CPU build, tiny DeepSeek-OCR-2 in bf16, as served): the step's pages are
-encoded together in padded calls of a fixed size, and a page's text still does not
-depend on the pages that share its engine steps.
+encoded together in padded calls of a fixed size (`OCRD_VLLM_ENCODER_BUCKETS=0`), and a
+page's text still does not depend on the pages that share its engine steps. (The
+default call sizes, tested in test_fast_encoder.py, give up that guarantee.)
 
 Without the padding (calls of whatever size the step gives) the same image alone and
 among four others gives a different text here.
@@ -41,6 +42,7 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
     # 2 global views and 4 tiles per call: with 5 pages the calls are chunked and the
     # last ones padded (A4 pages: 6 tiles each)
     mp.setenv(dsocr2_fast.CHUNKS_ENV, "2x4")
+    mp.setenv(dsocr2_fast.BUCKETS_ENV, "0")  # every call of the full size
     # the engine core's INFO lines (ocrd's logging setup, run by earlier tests, turns
     # vLLM's own logging off in this process's environment)
     mp.setenv("VLLM_CONFIGURE_LOGGING", "1")

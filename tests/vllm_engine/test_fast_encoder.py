@@ -133,6 +133,7 @@ def tiny_model() -> Any:
     model.ocrd_fast = True
     model.ocrd_batched = False
     model.ocrd_padded = False
+    model.ocrd_bucketed = False
     model.ocrd_chunks = (dsocr2_fast.GLOBAL_VIEWS_PER_CALL, dsocr2_fast.TILES_PER_CALL)
     model.ocrd_mask_patched = False
     return model.eval()
@@ -146,17 +147,20 @@ def pages(grids: list[tuple[int, int]]) -> tuple[Any, Any, Any]:
     return pixel_values, crops, torch.tensor(grids)
 
 
-@pytest.mark.parametrize(("batched", "padded"), [(False, False), (True, False), (True, True)],
-                         ids=["page", "batched", "batched_padded"])
+@pytest.mark.parametrize(("batched", "padded", "bucketed"),
+                         [(False, False, False), (True, False, False), (True, True, False),
+                          (True, True, True)],
+                         ids=["page", "batched", "batched_padded", "batched_bucketed"])
 @pytest.mark.parametrize("grids", [[(2, 3), (1, 1), (1, 2)], [(1, 1)], [(3, 2)]])
 def test_fast_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]],
-                                   batched: bool, padded: bool,
+                                   batched: bool, padded: bool, bucketed: bool,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
     monkeypatch.setattr(tiny_model, "ocrd_chunks", (2, 4))  # chunking runs too
     monkeypatch.setattr(tiny_model, "ocrd_batched", batched)
     monkeypatch.setattr(tiny_model, "ocrd_padded", padded)
+    monkeypatch.setattr(tiny_model, "ocrd_bucketed", bucketed)
     pixel_values, crops, spatial = pages(grids)
     with torch.no_grad():
         want = DeepseekOCR2ForCausalLM._pixel_values_to_embedding(
@@ -182,12 +186,13 @@ def test_fast_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]]
 def test_a_page_ignores_the_other_pages_of_the_step(tiny_model: Any, padded: bool,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A page's embeddings are the same alone and among others (batch invariance): page
-    by page, and batched in calls padded to a fixed size. In bf16, as served: batched
-    without padding fails this on a 2-core x86 machine (max difference 0.03; other
-    shapes, other rounding)."""
+    by page, and batched in calls padded to the full size (OCRD_VLLM_ENCODER_BUCKETS=0).
+    In bf16, as served: batched without padding fails this on a 2-core x86 machine (max
+    difference 0.03; other shapes, other rounding)."""
     model = copy.deepcopy(tiny_model).to(torch.bfloat16)
     model.ocrd_chunks = (2, 4)
     model.ocrd_batched = model.ocrd_padded = padded
+    model.ocrd_bucketed = False
     pixel_values, crops, spatial = pages([(1, 2), (2, 3), (1, 1)])
     pixel_values, crops = pixel_values.bfloat16(), crops.bfloat16()
     with torch.no_grad():
@@ -243,11 +248,95 @@ def test_encoder_mode_settings() -> None:
     assert env(True, False) == {vllm_plugin.ENV: "1"}
     assert dsocr2_fast.batched_mode("batched") is True
     assert dsocr2_fast.batched_mode("1") is False
-    # auto: batched on a GPU; this vLLM runs on the CPU, where padding costs 8x
+    # auto: batched on a GPU; page by page (vLLM's shapes) on the CPU this vLLM runs on
     assert dsocr2_fast.batched_mode("auto") is False
     from ocrd.config import VllmConfig
 
     assert VllmConfig().batch_encoder is None and VllmConfig().fast_encoder is True
+
+
+def test_padded_calls_take_the_smallest_size_that_holds_them(
+        tiny_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bucketed: full calls, then the rest in the smallest of the full size's halves that
+    holds it; without buckets every call has the full size. The shapes SAM sees, for
+    2 global views and 4 tiles per call."""
+    calls: list[tuple[int, int]] = []
+    real = dsocr2_fast._encode
+
+    def encode(model: Any, views: torch.Tensor) -> torch.Tensor:
+        calls.append((views.shape[0], views.shape[-1]))
+        return real(model, views)
+
+    monkeypatch.setattr(dsocr2_fast, "_encode", encode)
+    assert dsocr2_fast.call_sizes(8) == (8, 4, 2, 1)
+    assert dsocr2_fast.call_sizes(24) == (24, 12, 6, 3)
+    assert dsocr2_fast.call_sizes(24, bucketed=False) == (24,)
+    assert dsocr2_fast.call_sizes(5) == (5,)
+    for bucketed, grids, want in [
+            (True, [(1, 2)], [(1, 1024), (2, 768)]),
+            (True, [(1, 1)], [(1, 1024)]),
+            (True, [(1, 3), (1, 1), (1, 1)], [(2, 1024), (1, 1024), (4, 768)]),
+            (True, [(2, 3)], [(1, 1024), (4, 768), (2, 768)]),
+            (True, [(1, 3)], [(1, 1024), (4, 768)]),  # 3 tiles: not a size, the next one
+            (False, [(1, 2)], [(2, 1024), (4, 768)]),
+            (False, [(2, 3)], [(2, 1024), (4, 768), (4, 768)])]:
+        pixel_values, crops, spatial = pages(grids)
+        calls.clear()
+        with torch.no_grad():
+            out = dsocr2_fast.page_embeddings(tiny_model, pixel_values, crops, spatial,
+                                              batched=True, padded=True, chunks=(2, 4),
+                                              bucketed=bucketed)
+        assert calls == want, (bucketed, grids)
+        assert [o.shape[0] for o in out] == [
+            (w * h if w > 1 or h > 1 else 0) * 144 + 257 for w, h in grids]
+
+
+def test_encoder_graphs_capture_every_call_size_of_a_view_kind_at_once(
+        tiny_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EncoderGraphs' bookkeeping, with the CUDA capture replaced by a stand-in that
+    records and replays the encoder call the way a graph does (on its own input and
+    output buffers): the first call of a kind of view captures all its sizes, largest
+    first, on one shared input buffer; later calls of any size capture nothing; each
+    call gives what the plain encoder gives; a size whose capture fails runs op by op."""
+    captured: list[list[int]] = []
+
+    class Replay:
+        def __init__(self, model: Any, static_in: torch.Tensor) -> None:
+            self.model, self.static_in = model, static_in
+            self.static_out = dsocr2_fast._encode(model, static_in)
+
+        def replay(self) -> None:
+            self.static_out.copy_(dsocr2_fast._encode(self.model, self.static_in))
+
+    def capture(self: Any, model: Any, static_in: torch.Tensor) -> tuple:
+        captured.append(list(static_in.shape))
+        if static_in.shape[0] == 2 and static_in.shape[-1] == 768:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        graph = Replay(model, static_in)
+        return graph, static_in, graph.static_out
+
+    monkeypatch.setattr(dsocr2_fast.EncoderGraphs, "_capture", capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    graphs = dsocr2_fast.EncoderGraphs()
+    model = copy.deepcopy(tiny_model)
+    model.ocrd_chunks = (2, 4)
+    model.ocrd_batched = model.ocrd_padded = model.ocrd_bucketed = True
+    model.ocrd_graphs = graphs
+    with torch.no_grad():
+        for grids in ([(1, 2)], [(2, 3), (1, 1), (1, 2)], [(1, 1)], [(1, 3)]):
+            pixel_values, crops, spatial = pages(grids)
+            got = model._pixel_values_to_embedding(pixel_values, crops, spatial)
+            model.ocrd_graphs = None
+            want = model._pixel_values_to_embedding(pixel_values, crops, spatial)
+            model.ocrd_graphs = graphs
+            for g, w in zip(got, want, strict=True):
+                assert torch.equal(g, w), grids
+    assert captured == [[2, 3, 1024, 1024], [1, 3, 1024, 1024],
+                        [4, 3, 768, 768], [2, 3, 768, 768], [1, 3, 768, 768]]
+    entries = {k[0]: v for k, v in graphs.graphs.items()}
+    assert entries[(2, 3, 768, 768)] is False  # failed: runs op by op
+    big, small = entries[(4, 3, 768, 768)][1], entries[(1, 3, 768, 768)][1]
+    assert small.data_ptr() == big.data_ptr()  # one input buffer per kind of view
 
 
 def test_encoder_chunks_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,6 +347,10 @@ def test_encoder_chunks_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     for bad in ("0x12", "4", "ax3", "-1x4"):
         monkeypatch.setenv(dsocr2_fast.CHUNKS_ENV, bad)
         assert dsocr2_fast.chunks_from_env() == (8, 24), bad
+    monkeypatch.delenv(dsocr2_fast.BUCKETS_ENV, raising=False)
+    assert dsocr2_fast.buckets_wanted()
+    monkeypatch.setenv(dsocr2_fast.BUCKETS_ENV, "0")
+    assert not dsocr2_fast.buckets_wanted()
 
 
 def test_plugin_stays_out_of_a_vllm_without_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
