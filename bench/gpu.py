@@ -267,6 +267,65 @@ class GpuMemory:
         self._thread.join(5)
 
 
+class Gauges:
+    """Prometheus gauges sampled every 0.5 s while a phase runs: vLLM's requests running
+    and waiting in the engine (the server's /metrics) and ocrd's pages in flight (the
+    daemon's), to see whether the engine was kept full."""
+
+    WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+              "vllm:kv_cache_usage_perc", "ocrd_pages_in_flight", "ocrd_queue_depth")
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @classmethod
+    def parse(cls, text: str) -> dict[str, float]:
+        """Each wanted gauge's largest value over its label sets (with several API
+        servers, each may report the one engine's gauge)."""
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in cls.WANTED:
+                try:
+                    value = float(line.rsplit(" ", 1)[1])
+                except (IndexError, ValueError):
+                    continue
+                out[name] = max(out.get(name, value), value)
+        return out
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(0.5):
+            now, values = time.monotonic(), {}
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as resp:
+                        values.update(self.parse(resp.read().decode()))
+                except OSError:
+                    continue
+            if values:
+                self.samples.append((now, values))
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        """Mean of each gauge between two time.monotonic() readings."""
+        rows = [v for t, v in self.samples if t0 <= t <= t1]
+        names = sorted({k for v in rows for k in v})
+        return {f"mean_{k.replace('vllm:', 'vllm_')}": round(
+            statistics.fmean(v[k] for v in rows if k in v), 2) for k in names}
+
+    def __enter__(self) -> Gauges:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def live_processes() -> Iterator[tuple[int, int, str]]:
     """(pid, session id, command line) of every live (not zombie) process."""
     for entry in os.scandir("/proc"):
@@ -887,7 +946,9 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     urls = data_urls(range(300_000, 300_000 + n_direct)) if api_servers > 1 else []
     d = Daemon(work / "daemon", engine, env, quiet_seconds=args.quiet,
                pages_in_flight=args.pages_in_flight)
-    with GpuMemory() as mem:
+    gauges = Gauges([f"http://127.0.0.1:{SERVER_PORT}/metrics",
+                     f"http://{d.config['metrics']['listen']}/metrics"])
+    with GpuMemory() as mem, gauges:
         t_start = d.start()
         try:
             ready = d.wait_event("ready", s["timeout"])
@@ -909,7 +970,7 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
                 result["rows"].append(row(name, len(urls), dt, T=T,
                                           latency_p50_s=round(statistics.median(lat), 2),
                                           gpu_busy_pct=mem.busy_between(t0, t0 + dt),
-                                          **flow(t0, done)))
+                                          **flow(t0, done), **gauges.between(t0, t0 + dt)))
                 save(args.out, phase, result)
 
             if api_servers > 1:
@@ -934,7 +995,7 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
             seen = [(d.appeared[Path(p.name).stem + ".md"], s["per_file"]) for p in pdfs]
             result["rows"].append(row(name, n_ocrd, t1 - t0, T=T, files=len(pdfs),
                                       gpu_busy_pct=mem.busy_between(t0, t1),
-                                      **flow(t0, seen)))
+                                      **flow(t0, seen), **gauges.between(t0, t1)))
             save(args.out, phase, result)
             if api_servers > 1 and args.direct_again and urls:  # the same server, after ocrd
                 direct(f"direct_http_vllm_serve_x{api_servers}_again")
