@@ -215,16 +215,39 @@ def data_urls(seeds: range, size: tuple[int, int] = A4) -> list[str]:
 
 # ---- measuring helpers -------------------------------------------------------------------
 
-class GpuMemory:
+class Sampler:
+    """Calls `sample()` every 0.5 s on a background thread inside a `with` block."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = time.monotonic()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.sample()
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class GpuMemory(Sampler):
     """Peak GPU memory in use and the GPU's busy share (nvidia-smi, every 0.5 s) while a
     phase runs."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.peak: int | None = None
         self.samples: list[tuple[float, int]] = []
         self.busy: list[tuple[float, int]] = []  # (monotonic time, utilization.gpu %)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
     def query() -> tuple[int, int] | None:
@@ -243,31 +266,21 @@ class GpuMemory:
         q = cls.query()
         return q[0] if q else None
 
-    def _run(self) -> None:
-        t0 = time.monotonic()
-        while not self._stop.wait(0.5):
-            q = self.query()
-            if q is not None:
-                now = time.monotonic()
-                self.samples.append((round(now - t0, 1), q[0]))
-                self.busy.append((now, q[1]))
-                self.peak = max(self.peak or 0, q[0])
+    def sample(self) -> None:
+        q = self.query()
+        if q is not None:
+            now = time.monotonic()
+            self.samples.append((round(now - self.t0, 1), q[0]))
+            self.busy.append((now, q[1]))
+            self.peak = max(self.peak or 0, q[0])
 
     def busy_between(self, t0: float, t1: float) -> float | None:
         """Mean GPU utilisation (%) between two time.monotonic() readings."""
         xs = [u for t, u in self.busy if t0 <= t <= t1]
         return round(sum(xs) / len(xs), 1) if xs else None
 
-    def __enter__(self) -> GpuMemory:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-class Gauges:
+class Gauges(Sampler):
     """Prometheus gauges sampled every 0.5 s while a phase runs: vLLM's requests running
     and waiting in the engine (the server's /metrics) and ocrd's pages in flight (the
     daemon's), to see whether the engine was kept full."""
@@ -276,10 +289,9 @@ class Gauges:
               "vllm:kv_cache_usage_perc", "ocrd_pages_in_flight", "ocrd_queue_depth")
 
     def __init__(self, urls: list[str]) -> None:
+        super().__init__()
         self.urls = urls
         self.samples: list[tuple[float, dict[str, float]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     @classmethod
     def parse(cls, text: str) -> dict[str, float]:
@@ -296,19 +308,18 @@ class Gauges:
                 out[name] = max(out.get(name, value), value)
         return out
 
-    def _run(self) -> None:
+    def sample(self) -> None:
         import urllib.request
 
-        while not self._stop.wait(0.5):
-            now, values = time.monotonic(), {}
-            for url in self.urls:
-                try:
-                    with urllib.request.urlopen(url, timeout=2) as resp:
-                        values.update(self.parse(resp.read().decode()))
-                except OSError:
-                    continue
-            if values:
-                self.samples.append((now, values))
+        now, values = time.monotonic(), {}
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    values.update(self.parse(resp.read().decode()))
+            except OSError:
+                continue
+        if values:
+            self.samples.append((now, values))
 
     def between(self, t0: float, t1: float) -> dict[str, float]:
         """Mean of each gauge between two time.monotonic() readings."""
@@ -316,14 +327,6 @@ class Gauges:
         names = sorted({k for v in rows for k in v})
         return {f"mean_{k.replace('vllm:', 'vllm_')}": round(
             statistics.fmean(v[k] for v in rows if k in v), 2) for k in names}
-
-    def __enter__(self) -> Gauges:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def live_processes() -> Iterator[tuple[int, int, str]]:

@@ -165,9 +165,10 @@ class VllmConfig(_Strict):
     # H200 page by page, 36 ms batched (ocrd/engines/dsocr2_fast.py, bench/GPU_RESULTS.md).
     # Needs ocrd installed with its entry points (pip install), which vLLM loads.
     fast_encoder: bool = True
-    # With fast_encoder: encode the step's pages together, in calls padded to a fixed
-    # size (a page's embeddings do not depend on the pages sharing its step). null: on
-    # where the model runs on a GPU, off on a CPU. false: vLLM's shapes, page by page
+    # With fast_encoder: encode the step's pages together, in padded calls of 8/4/2/1
+    # global views and 24/12/6/3 tiles (OCRD_VLLM_ENCODER_BUCKETS=0: always the full
+    # size, so a page's embeddings do not depend on the pages sharing its step). null:
+    # on where the model runs on a GPU, off on a CPU. false: vLLM's shapes, page by page
     # (the same embeddings as vLLM's own code, to the bit).
     batch_encoder: bool | None = None
     # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
