@@ -10,8 +10,8 @@ This module imports nothing heavy: vLLM imports the model class lazily, when it 
 that architecture.
 
 Modes (the variable's value): "1" page by page, "batched" the step's pages together,
-"auto" batched where the model runs on a GPU and page by page elsewhere (padding every
-call to a fixed size only pays where there is parallel hardware to fill).
+"auto" batched where the model runs on a GPU and page by page elsewhere (padded calls
+only pay where there is parallel hardware to fill).
 """
 
 from __future__ import annotations
