@@ -87,6 +87,19 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 
         time.sleep(every)
 
 
+def without_read_override() -> list[str]:
+    """A command prefix under which this user cannot read a file the file's mode denies
+    it: nothing for an ordinary user; for root, setpriv dropping CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH from the bounding set (root reads everything otherwise)."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to test unreadable files as root"
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,8 +110,12 @@ class Daemon:
     """`ocrd run` as a real subprocess, with its JSON log captured to a file."""
 
     def __init__(self, root: Path, inboxes: list[dict] | None = None,
-                 engine: dict | None = None, env: dict | None = None, **top: Any) -> None:
+                 engine: dict | None = None, env: dict | None = None,
+                 prefix: list[str] | None = None, **top: Any) -> None:
+        """`prefix`: a command that runs the daemon (e.g. setpriv with fewer
+        capabilities)."""
         self.root = root
+        self.prefix = prefix or []
         self.inbox = root / "inbox"
         self.outbox = root / "outbox"
         self.failed = root / "failed"
@@ -136,7 +153,7 @@ class Daemon:
         env = {**os.environ, **self.env}
         env.pop("NOTIFY_SOCKET", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ocrd", "run", "-c", str(self.config_path)],
+            [*self.prefix, sys.executable, "-m", "ocrd", "run", "-c", str(self.config_path)],
             stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         logf.close()
         if wait_ready:

@@ -23,6 +23,7 @@ from helpers import (
     sentence_lines,
     text_image,
     wait_for,
+    without_read_override,
 )
 from PIL import Image
 
@@ -217,6 +218,43 @@ def test_bad_files_land_in_failed_with_reasons_and_daemon_keeps_going(tmp_path: 
     assert "qpdf --decrypt" in json.loads((d.failed / "locked.pdf.error.json").read_text())[
         "message"]
     assert files_under(d.outbox) == ["good.json", "good.md"]
+
+
+def test_a_file_ocrd_may_not_read_lands_in_failed_as_unreadable(tmp_path: Path) -> None:
+    """A file the daemon's user has no permission to read (a scanner's account wrote it
+    with mode 0600, say) is claimed by rename — the inbox folder is ocrd's — and ends in
+    failed/ as `unreadable` with a message that says what to check; the original is
+    kept as it was and the next file converts. `ocrd convert` exits 3 for it."""
+    prefix = without_read_override()
+    src = tmp_path / "src"
+    src.mkdir()
+    good = make_pdf(src / "good.pdf", [sentence_lines(22, 4)])
+    secret = make_pdf(src / "secret.pdf", [sentence_lines(23, 4)])
+    data = secret.read_bytes()
+    secret.chmod(0)
+    r = subprocess.run([*prefix, "cat", str(secret)], capture_output=True)
+    assert r.returncode != 0, "the prefix must take the right to read it away"
+    with Daemon(tmp_path / "d", prefix=prefix) as d:
+        d.start()
+        os.rename(secret, d.inbox / "secret.pdf")
+        wait_for(lambda: (d.failed / "secret.pdf.error.json").exists(), 60,
+                 "secret.pdf in failed/")
+        drop(good, d.inbox / "good.pdf")
+        wait_for(lambda: (d.outbox / "good.md").exists(), 60, "good.md after it")
+        assert d.proc is not None and d.proc.poll() is None
+    err = json.loads((d.failed / "secret.pdf.error.json").read_text())
+    assert err["reason"] == "unreadable", err
+    assert "permission" in err["message"] and "mode" in err["message"]
+    kept = d.failed / "secret.pdf"
+    assert kept.stat().st_mode & 0o777 == 0
+    kept.chmod(0o600)
+    assert kept.read_bytes() == data
+    assert files_under(d.outbox) == ["good.json", "good.md"]
+    kept.chmod(0)
+    r = subprocess.run([*prefix, sys.executable, "-m", "ocrd", "convert", str(kept), "-o",
+                        str(tmp_path / "out"), "--engine", "tesseract"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and "unreadable" in r.stderr, (r.returncode, r.stderr)
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
