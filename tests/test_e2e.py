@@ -224,7 +224,9 @@ def test_a_file_ocrd_may_not_read_lands_in_failed_as_unreadable(tmp_path: Path) 
     """A file the daemon's user has no permission to read (a scanner's account wrote it
     with mode 0600, say) is claimed by rename — the inbox folder is ocrd's — and ends in
     failed/ as `unreadable` with a message that says what to check; the original is
-    kept as it was and the next file converts. `ocrd convert` exits 3 for it."""
+    kept as it was and the next file converts. A subfolder of a recursive inbox that
+    ocrd may not enter is reported (scan_error, naming it) and passed over. `ocrd
+    convert` exits 3 for the file."""
     prefix = without_read_override()
     src = tmp_path / "src"
     src.mkdir()
@@ -234,8 +236,17 @@ def test_a_file_ocrd_may_not_read_lands_in_failed_as_unreadable(tmp_path: Path) 
     secret.chmod(0)
     r = subprocess.run([*prefix, "cat", str(secret)], capture_output=True)
     assert r.returncode != 0, "the prefix must take the right to read it away"
-    with Daemon(tmp_path / "d", prefix=prefix) as d:
+    root = tmp_path / "d"
+    private = root / "inbox" / "private"
+    private.mkdir(parents=True)
+    private.chmod(0)
+    inbox = {"path": str(root / "inbox"), "outbox": str(root / "outbox"),
+             "failed": str(root / "failed"), "on_success": "delete", "recursive": True,
+             "quiet_seconds": 1.0}
+    with Daemon(root, inboxes=[inbox], prefix=prefix) as d:
         d.start()
+        wait_for(lambda: d.event("scan_error"), 30, "scan_error for the private folder")
+        assert d.event("scan_error")["folder"] == str(private)
         os.rename(secret, d.inbox / "secret.pdf")
         wait_for(lambda: (d.failed / "secret.pdf.error.json").exists(), 60,
                  "secret.pdf in failed/")
@@ -251,6 +262,7 @@ def test_a_file_ocrd_may_not_read_lands_in_failed_as_unreadable(tmp_path: Path) 
     assert kept.read_bytes() == data
     assert files_under(d.outbox) == ["good.json", "good.md"]
     kept.chmod(0)
+    private.chmod(0o700)  # pytest's clean-up
     r = subprocess.run([*prefix, sys.executable, "-m", "ocrd", "convert", str(kept), "-o",
                         str(tmp_path / "out"), "--engine", "tesseract"],
                        capture_output=True, text=True, timeout=120)
