@@ -357,10 +357,16 @@ def py_spy() -> str | None:
     return found
 
 
+# --profile-native: py-spy also samples C/C++ frames, pausing the engine core for each
+# sample (py-spy cannot read native stacks otherwise): a diagnosis, not a measured row
+PYSPY_NATIVE = False
+
+
 def profile_engine_core(out: Path, name: str, delay: float, seconds: int) -> threading.Thread:
     """After `delay` s, sample the engine core's Python stacks for `seconds` s (py-spy,
-    every thread, idle frames included, without pausing it) into OUT/pyspy_NAME.txt
-    (collapsed stacks). Runs beside the measured run; the same for every row compared."""
+    every thread, idle frames included, without pausing it unless PYSPY_NATIVE) into
+    OUT/pyspy_NAME.txt (collapsed stacks). Runs beside the measured run; the same for
+    every row compared."""
 
     def run() -> None:
         time.sleep(delay)
@@ -369,8 +375,9 @@ def profile_engine_core(out: Path, name: str, delay: float, seconds: int) -> thr
         if not exe or not pids:
             note.write_text(f"no py-spy ({exe}) or no engine core ({pids})\n")
             return
+        mode = ["--native"] if PYSPY_NATIVE else ["--nonblocking"]
         r = subprocess.run([exe, "record", "--pid", str(pids[0]), "--duration", str(seconds),
-                            "--rate", "50", "--nonblocking", "--idle", "--threads",
+                            "--rate", "50", *mode, "--idle", "--threads",
                             "--format", "raw", "--output", str(note)],
                            capture_output=True, text=True, timeout=seconds + 60)
         if r.returncode:
@@ -1132,6 +1139,9 @@ def main(argv: list[str] | None = None) -> None:
                    "(OUT/pyspy_ROW.txt; 0: off)")
     p.add_argument("--profile-delay", type=float, default=20,
                    help="seconds into each run before py-spy starts")
+    p.add_argument("--profile-native", action="store_true",
+                   help="--profile with C/C++ frames (py-spy --native pauses the engine "
+                   "core per sample: the profiled rows' rates are not comparable)")
     p.add_argument("--pages", type=int, default=0,
                    help="daemon phases: pages for ocrd and the direct client (768 / 256)")
     p.add_argument("--pages-in-flight", type=int, default=0,
@@ -1152,6 +1162,8 @@ def main(argv: list[str] | None = None) -> None:
                    "GPU, the default), true (batched) or false (page by page); round 2's "
                    "--batch-encoder was unpadded batching")
     args = p.parse_args(argv)
+    global PYSPY_NATIVE
+    PYSPY_NATIVE = args.profile_native
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
     # a timeout's SIGTERM unwinds (finally: blocks stop the daemon) instead of vanishing
