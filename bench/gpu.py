@@ -80,8 +80,10 @@ def sizes(tiny: bool) -> dict[str, Any]:
             "latency_n": 3, "max_num_seqs": 256, "api_servers": 8, "timeout": 400}
 
 
-def engine_settings(tiny: bool, model: Path, max_num_seqs: int | None = None) -> dict[str, Any]:
-    """EngineConfig fields shared by the daemon phases (recipe settings, 1024 tokens)."""
+def engine_settings(tiny: bool, model: Path, max_num_seqs: int | None = None,
+                    extra_args: list[str] | None = None) -> dict[str, Any]:
+    """EngineConfig fields shared by the phases (recipe settings, 1024 tokens);
+    `extra_args`: --engine-arg KEY=VALUE items (VALUE read as YAML) for engine_args."""
     s = sizes(tiny)
     vllm: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 8192,
                             "gpu_memory_utilization": 0.85,
@@ -92,6 +94,13 @@ def engine_settings(tiny: bool, model: Path, max_num_seqs: int | None = None) ->
 
         vllm.update(TINY_VLLM)
         engine_args.update(TINY_ENGINE_ARGS)
+    import yaml
+
+    for item in extra_args or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--engine-arg wants KEY=VALUE, got {item!r}")
+        engine_args[key.strip()] = yaml.safe_load(value)
     vllm["engine_args"] = engine_args
     # max_tokens=T with EOS banned: "length" every time, which is no loop here
     return {"kind": "vllm", "model": str(model), "max_tokens": s["T"], "loop_retries": 0,
@@ -457,7 +466,8 @@ def phase_offline(args: argparse.Namespace) -> None:
 
     result["vllm"] = vllm.__version__
     result["import_s"] = round(time.perf_counter() - t0, 1)
-    settings = engine_settings(args.tiny, args.model, args.max_num_seqs)["vllm"]
+    settings = engine_settings(args.tiny, args.model, args.max_num_seqs,
+                               args.engine_arg)["vllm"]
     kwargs = {**{k: v for k, v in settings.items() if k != "engine_args"},
               **settings["engine_args"]}
     guard = HeadDimGuard()
@@ -935,7 +945,7 @@ def phase_daemon(args: argparse.Namespace, api_servers: int) -> None:
     phase = "managed" if api_servers > 1 else "inproc"
     env = tiny_env() if args.tiny else {"PYTHONPATH": os.pathsep.join(
         [os.environ.get("PYTHONPATH", ""), str(ROOT)])}
-    engine = engine_settings(args.tiny, args.model, args.max_num_seqs)
+    engine = engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)
     engine["vllm"]["api_servers"] = api_servers
     engine["vllm"]["server_port"] = SERVER_PORT
     ngram = VLLM_NGRAM if args.vllm_ngram else OCRD_NGRAM
@@ -1139,6 +1149,10 @@ def main(argv: list[str] | None = None) -> None:
                    "(OUT/pyspy_ROW.txt; 0: off)")
     p.add_argument("--profile-delay", type=float, default=20,
                    help="seconds into each run before py-spy starts")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="one more vLLM engine argument (engine.vllm.engine_args; as a "
+                   "`vllm serve` flag in the managed phase), VALUE read as YAML; e.g. "
+                   "mm_tensor_ipc=torch_shm")
     p.add_argument("--profile-native", action="store_true",
                    help="--profile with C/C++ frames (py-spy --native pauses the engine "
                    "core per sample: the profiled rows' rates are not comparable)")
