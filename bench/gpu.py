@@ -652,7 +652,7 @@ def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> s
     model.ocrd_batched = base in ("batched", "padded", "bucketed")
     model.ocrd_padded = base in ("padded", "bucketed")
     model.ocrd_bucketed = base == "bucketed"
-    model.ocrd_set_fused("fused" in flags, BLOCKS.get(mode))
+    model.ocrd_set_fused("fused" in flags)
     graphs = "graphs" in flags and model.ocrd_padded and torch.cuda.is_available()
     if graphs != bool(getattr(model, "ocrd_graphs", None)) or (chunks and graphs):
         model.ocrd_graphs = dsocr2_fast.EncoderGraphs() if graphs else None
@@ -661,8 +661,6 @@ def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> s
     return mode
 
 
-# block sizes of the fused kernel (query, key, warps, stages) for modes that try others
-BLOCKS = {"padded_fused_b128": (128, 64, 8, 3)}
 ENCODER_MODES = (("stock", None), ("page", None), ("padded_fused", None),
                  ("padded_fused_graphs", None), ("bucketed_fused", None),
                  ("bucketed_fused_graphs", None), ("padded_fused_graphs", (4, 12)))
