@@ -27,6 +27,7 @@ import structlog
 from . import __version__, errors, markdown, outbox, pages
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
+from .notify import Liveness
 from .schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
@@ -102,8 +103,9 @@ class EngineGate:
 class Converter:
     def __init__(self, cfg: Config, engine: Engine, pool: pages.RenderPool,
                  slots: FairSlots, reservations: outbox.Reservations | None = None,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, liveness: Liveness | None = None) -> None:
         self.cfg = cfg
+        self.liveness = liveness
         self.engine = engine
         self.pool = pool
         self.slots = slots
@@ -257,8 +259,14 @@ class Converter:
             # this frame keeps the page image alive while the engine works on it.
             page = [await request()]
             try:
-                async with asyncio.timeout(sched.page_timeout_seconds):
-                    return await self.engine.ocr(page.pop())
+                if self.liveness is not None:
+                    self.liveness.page_sent()
+                try:
+                    async with asyncio.timeout(sched.page_timeout_seconds):
+                        return await self.engine.ocr(page.pop())
+                finally:
+                    if self.liveness is not None:
+                        self.liveness.page_back()
             except errors.EngineUnavailable as e:
                 await self.gate.wait(e)
             except (errors.EngineDead, asyncio.CancelledError):

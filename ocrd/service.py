@@ -16,7 +16,6 @@ import faulthandler
 import json
 import os
 import signal
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,43 +30,12 @@ from .engines.base import Engine
 from .gate import Candidate, Tracker
 from .journal import Job, Journal
 from .metrics import HealthServer, Metrics
+from .notify import Liveness, Notifier
 from .pipeline import Converter, Source
 from .schedule import FairSlots, Scheduler
 from .watch import WORK_DIR_NAME, Entry, Ignore, Observers, entry_for, scan, watch_mode
 
 log = structlog.get_logger("ocrd.service")
-
-
-class Notifier:
-    """sd_notify over the socket systemd passes in NOTIFY_SOCKET. The variable is read
-    once and removed from the environment, so engine subprocesses cannot inherit it."""
-
-    def __init__(self) -> None:
-        self.address = os.environ.pop("NOTIFY_SOCKET", None)
-        usec = os.environ.pop("WATCHDOG_USEC", None)
-        pid = os.environ.pop("WATCHDOG_PID", None)
-        self.watchdog_seconds: float | None = None
-        if usec and (pid is None or pid == str(os.getpid())):
-            with contextlib.suppress(ValueError):
-                self.watchdog_seconds = int(usec) / 1e6
-        self._sock: socket.socket | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.address)
-
-    def send(self, *fields: str) -> None:
-        if not self.address:
-            return
-        addr = self.address
-        if addr.startswith("@"):
-            addr = "\0" + addr[1:]
-        try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto("\n".join(fields).encode(), addr)
-        except OSError as e:
-            log.warning("sd_notify_failed", error=str(e), message=fields[0])
 
 
 @dataclass
@@ -109,8 +77,7 @@ class Daemon:
         self._hints: list[tuple[str, bool, bool]] = []
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._alive = time.monotonic()
-        self._last_progress = time.monotonic()
+        self.liveness = Liveness(cfg.schedule.page_timeout_seconds)
         self._tasks: list[asyncio.Task] = []
         self._check_slots = asyncio.Semaphore(8)
         self._retry_later: list[asyncio.TimerHandle] = []
@@ -202,7 +169,7 @@ class Daemon:
         in_flight = cfg.schedule.pages_in_flight or max(2, self.engine.max_concurrency)
         self.slots = FairSlots(in_flight)
         self.converter = Converter(cfg, self.engine, self.pool, self.slots,
-                                   metrics=self.metrics)
+                                   metrics=self.metrics, liveness=self.liveness)
         # Beyond max_active_documents, documents start while the engine has room (see
         # schedule.py), at most one per page slot more.
         self.scheduler = Scheduler(self._run_item, cfg.schedule.max_active_documents,
@@ -216,6 +183,7 @@ class Daemon:
         await self._recover()
         if self.should_exit:
             return
+        self.liveness.loop_turned()
         self.ready = True
         self.notifier.send("READY=1", "STATUS=ready; watching "
                            f"{len(self.inboxes)} inbox(es)")
@@ -392,7 +360,7 @@ class Daemon:
             while stall_file and os.path.exists(stall_file):
                 time.sleep(0.2)
             now = time.monotonic()
-            self._alive = now
+            self.liveness.loop_turned()
             for state in list(self.inboxes.values()):
                 if now >= state.next_scan:
                     interval = self.cfg.poll_seconds if state.mode == "polling" \
@@ -678,7 +646,6 @@ class Daemon:
         self.metrics.last_success.set(time.time())
         self.metrics.file_seconds.observe(time.time() - src.claimed_at)
         self.done_pages += meta.get("page_count", 0)
-        self._last_progress = time.monotonic()
 
     def _dispose_original(self, state: InboxState, item: Item) -> str | None:
         """After the outputs are durable: archive, delete or put back the original.
@@ -808,29 +775,22 @@ class Daemon:
     # -- liveness ---------------------------------------------------------------------
 
     def _is_live(self) -> bool:
-        """The main loop turned recently, and pages are moving (or none are waiting)."""
-        now = time.monotonic()
-        if now - self._alive > 30:
-            return False
-        if not hasattr(self, "slots"):
-            return True  # still starting
-        stalled = self.slots.used > 0 and \
-            now - self._last_page_progress() > self.cfg.schedule.page_timeout_seconds + 60
-        return not stalled
-
-    def _last_page_progress(self) -> float:
-        return max(self._last_progress, getattr(self.converter, "last_page_at", 0.0))
+        """The main loop turns, and pages given to the engine come back (notify.py).
+        Before the main loop runs (engine loading) and while stopping: live."""
+        return not self.ready or self.liveness.live()
 
     async def _heartbeat(self) -> None:
         interval = (self.notifier.watchdog_seconds or 10.0) / 2
         last_status = 0.0
         while True:
             await asyncio.sleep(min(interval, 5.0))
-            if self._is_live():
+            problem = self.liveness.problem()
+            if problem is None:
                 if self.notifier.watchdog_seconds:
                     self.notifier.send("WATCHDOG=1")
             else:
-                log.error("stalled", seconds_since_loop=round(time.monotonic() - self._alive, 1))
+                log.error("stalled", why=problem, in_engine=self.liveness.in_engine,
+                          seconds_since_loop=round(self.liveness.seconds_since_loop(), 1))
             now = time.monotonic()
             self._rate.append((now, self.done_pages))
             self._rate = [(t, n) for t, n in self._rate if now - t <= 60]

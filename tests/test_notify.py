@@ -228,3 +228,60 @@ def test_extend_timeout_while_engine_loads_fake_engine(tmp_path: Path, monkeypat
     assert all(int(m.value("EXTEND_TIMEOUT_USEC") or 0) >= 10_000_000 for m in extends)
     assert all("loading the fake engine" in (m.value("STATUS") or "") for m in extends)
     assert not any(m.has("READY=1") for m in notify.all())
+
+
+def _ping_gaps(notify: NotifySocket, start: float, end: float) -> float:
+    """The longest time without WATCHDOG=1 between two monotonic instants."""
+    pings = [m.at for m in notify.all() if m.has("WATCHDOG=1") and start <= m.at <= end]
+    marks = [start, *pings, end]
+    return max(b - a for a, b in zip(marks, marks[1:], strict=False))
+
+
+@pytest.mark.slow
+def test_watchdog_pings_go_on_through_a_long_document_and_after_idle(tmp_path: Path) -> None:
+    """The liveness bug: 'pages are moving' used to advance only when a whole file
+    finished, so a document longer than the stall threshold (page timeout + grace), or
+    any document after an idle spell of that length, stopped WATCHDOG=1 and systemd
+    killed a healthy daemon. Here page_timeout_seconds is 2 (threshold 17 s), a document
+    takes 40 × 0.6 s = 24 s with one page in the engine at a time, the daemon then idles
+    for 20 s, and a second document follows: pings (WATCHDOG_USEC = 2 s, as a supervisor
+    would enforce it) never pause for more than the watchdog interval, and no `stalled`
+    is logged."""
+    notify = NotifySocket(tmp_path / "notify.sock")
+    d = Daemon(tmp_path / "d", engine={"kind": "simulated", "simulated": {
+        "max_batch": 1, "step_seconds": 0.05, "step_per_page_seconds": 0,
+        "prefill_seconds_per_megapixel": 0, "decode_steps": 12, "decode_jitter": 0}},
+        schedule={"pages_in_flight": 1, "page_timeout_seconds": 2},
+        render={"workers": 1, "dpi": 36})
+    d.write_config()
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"}
+    env.pop("WATCHDOG_PID", None)
+    long_doc = make_pdf(tmp_path / "long.pdf", [[f"page {i}"] for i in range(40)])
+    short_doc = make_pdf(tmp_path / "short.pdf", [[f"page {i}"] for i in range(12)])
+    with open(d.log_path, "ab") as logf, d:
+        d.proc = subprocess.Popen([sys.executable, "-m", "ocrd", "run", "-c",
+                                   str(d.config_path)], stdout=logf, stderr=subprocess.STDOUT,
+                                  env=env, start_new_session=True)
+        try:
+            ready = notify.wait("READY=1", timeout=60)
+            notify.wait("WATCHDOG=1", ready, timeout=10)
+            t0 = time.monotonic()
+            drop(long_doc, d.inbox / "long.pdf")
+            wait_for(lambda: (d.outbox / "long.md").exists(), 120, "long.md")
+            t1 = time.monotonic()
+            assert t1 - t0 > 17, f"the document took {t1 - t0:.1f} s, not past the threshold"
+            time.sleep(20)  # idle for longer than the stall threshold
+            t2 = time.monotonic()
+            drop(short_doc, d.inbox / "short.pdf")
+            wait_for(lambda: (d.outbox / "short.md").exists(), 60, "short.md")
+            t3 = time.monotonic()
+            assert _ping_gaps(notify, t0, t1) <= 2.0, "pings paused during the long document"
+            assert _ping_gaps(notify, t1, t3) <= 2.0, "pings paused after the idle spell"
+            assert d.events("stalled") == []
+            assert (d.outbox / "long.md").read_text().count("<!-- page ") == 40
+            assert t3 - t2 < 30
+        except BaseException:
+            print(d.log_text()[-4000:])
+            raise
+        finally:
+            notify.close()

@@ -149,6 +149,31 @@ def convert() -> None:
         "mode": oct(st.st_mode & 0o777)}
 
 
+def liveness() -> None:
+    """A healthy daemon is never killed by the watchdog: after an idle spell longer than
+    the stall threshold (page_timeout_seconds 5 + 15 s grace), a document that takes
+    several times WatchdogSec (8 s) converts with NRestarts=0 (40 pages, one at a time)."""
+    before = show("MainPID", "NRestarts")
+    last = events("file_converted")
+    idle_from = usec(last[-1]) if last else now_us()
+    wait(lambda: now_us() - idle_from > 25_000_000, 60, "an idle spell of 25 s")
+    idle_s = (now_us() - idle_from) / 1e6
+    t0 = time.monotonic()
+    drop("long.pdf", INBOX)
+    wait(lambda: (MARKDOWN / "long.md").exists(), 240, "markdown/long.md")
+    seconds = time.monotonic() - t0
+    after = show("MainPID", "NRestarts")
+    text = (MARKDOWN / "long.md").read_text()
+    results["liveness"] = {
+        "idle_s": idle_s, "seconds": seconds, "pages": text.count("<!-- page "),
+        "nrestarts_before": int(before["NRestarts"]), "nrestarts": int(after["NRestarts"]),
+        "same_pid": after["MainPID"] == before["MainPID"],
+        "watchdog_timeouts": sum("Watchdog timeout" in str(e.get("MESSAGE", ""))
+                                 for e in journal("_PID=1")),
+        "stalled": len(events("stalled")),
+    }
+
+
 def reload() -> None:
     for name in ("inbox2", "markdown2", "archive2", "failed2"):
         folder_for_ocrd(SCANS / name)
@@ -249,7 +274,7 @@ def large_entry() -> None:
 def main() -> None:
     (OUT / "started").write_text(str(now_us()))
     try:
-        for step in (setup, start, convert, reload, watchdog, stop, large_entry):
+        for step in (setup, start, convert, liveness, reload, watchdog, stop, large_entry):
             say("step", step.__name__)
             step()
             say("done", step.__name__, json.dumps(results.get(step.__name__)))

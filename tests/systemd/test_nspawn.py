@@ -71,8 +71,11 @@ def inbox(n: str = "") -> dict[str, Any]:
 def config(*inboxes: dict[str, Any]) -> str:
     return yaml.safe_dump({
         "state_dir": "/var/lib/ocrd",
-        "engine": {"kind": "tesseract"},
         "render": {"workers": 1},
+        # one page at a time, and a short page timeout: the liveness step's document
+        # takes several times WatchdogSec, past the stall threshold (5 + 15 s)
+        "engine": {"kind": "tesseract", "tesseract": {"workers": 1}},
+        "schedule": {"page_timeout_seconds": 5},
         "metrics": {"listen": "127.0.0.1:0"},
         # debug: page_done events tell the runner a file is mid-conversion
         "log": {"level": "debug"},
@@ -143,6 +146,7 @@ def make_documents(folder: Path) -> None:
     make_pdf(folder / "two.pdf", [sentence_lines(2)])
     # Enough pages that stopping after the first leaves work in flight.
     make_pdf(folder / "big.pdf", [sentence_lines(10 + i, 30) for i in range(12)])
+    make_pdf(folder / "long.pdf", [sentence_lines(40 + i, 30) for i in range(40)])
 
 
 def unavailable() -> str | None:
@@ -254,6 +258,15 @@ def test_dropped_file_converts_with_the_share_permissions(run: Run) -> None:
     assert r["archived"], r
     # UMask=0007 + the setgid folder from ocrd.tmpfiles + file_mode 0660
     assert (r["owner"], r["group"], r["mode"]) == ("ocrd", "scans", "0o660"), r
+
+
+def test_a_long_document_after_idle_is_not_killed_by_the_watchdog(run: Run) -> None:
+    r = run.step("liveness")
+    # Idle past the stall threshold, then a document several times WatchdogSec long.
+    assert r["idle_s"] > 20 and r["seconds"] > 20, r
+    assert r["pages"] == 40, r
+    assert r["nrestarts"] == r["nrestarts_before"] == 0 and r["same_pid"], r
+    assert r["watchdog_timeouts"] == 0 and r["stalled"] == 0, r
 
 
 def test_reload_adds_an_inbox_without_restarting(run: Run) -> None:

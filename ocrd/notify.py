@@ -1,0 +1,104 @@
+"""Telling systemd the truth: sd_notify messages, and the liveness that decides whether
+WATCHDOG=1 may be sent.
+
+Alive means two things. The main loop turns (it marks each turn), and pages given to the
+engine come back: a page that is sent while nothing else is in the engine starts the
+clock, every page that comes back (with text or with an error, a timeout included)
+restarts it. Idle time never counts — a quiet night followed by a long document is not a
+stall — and neither does time a page waits for a slot, a renderer or an engine that is
+away (those pages are not in the engine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import structlog
+
+log = structlog.get_logger("ocrd.notify")
+
+# The main loop turns at least once a second; this much silence means it is stuck.
+LOOP_STALL_SECONDS = 30.0
+# On top of the page timeout: a page's timeout fires, its call ends, and that counts as
+# progress; no page back for page_timeout + this long means the engine call is stuck.
+PAGE_GRACE_SECONDS = 15.0
+
+
+class Notifier:
+    """sd_notify over the socket systemd passes in NOTIFY_SOCKET. The variable is read
+    once and removed from the environment, so engine subprocesses cannot inherit it."""
+
+    def __init__(self) -> None:
+        self.address = os.environ.pop("NOTIFY_SOCKET", None)
+        usec = os.environ.pop("WATCHDOG_USEC", None)
+        pid = os.environ.pop("WATCHDOG_PID", None)
+        self.watchdog_seconds: float | None = None
+        if usec and (pid is None or pid == str(os.getpid())):
+            with contextlib.suppress(ValueError):
+                self.watchdog_seconds = int(usec) / 1e6
+        self._sock: socket.socket | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+    def send(self, *fields: str) -> None:
+        if not self.address:
+            return
+        addr = self.address
+        if addr.startswith("@"):
+            addr = "\0" + addr[1:]
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock.sendto("\n".join(fields).encode(), addr)
+        except OSError as e:
+            log.warning("sd_notify_failed", error=str(e), message=fields[0])
+
+
+class Liveness:
+    """The main loop's turns and the engine's pages, against a clock."""
+
+    def __init__(self, page_timeout_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.page_timeout = page_timeout_seconds
+        self.clock = clock
+        now = clock()
+        self.loop_at = now
+        self.progress_at = now
+        self.in_engine = 0
+
+    def loop_turned(self) -> None:
+        self.loop_at = self.clock()
+
+    def page_sent(self) -> None:
+        """A page goes into the engine. From idle, the clock starts now."""
+        if self.in_engine == 0:
+            self.progress_at = self.clock()
+        self.in_engine += 1
+
+    def page_back(self) -> None:
+        """A page's engine call ended (text, error, timeout or cancellation)."""
+        self.in_engine = max(0, self.in_engine - 1)
+        self.progress_at = self.clock()
+
+    def problem(self) -> str | None:
+        """Why the daemon is not live, or None when it is."""
+        now = self.clock()
+        if now - self.loop_at > LOOP_STALL_SECONDS:
+            return f"the main loop has not turned for {now - self.loop_at:.0f} s"
+        waited = now - self.progress_at
+        if self.in_engine and waited > self.page_timeout + PAGE_GRACE_SECONDS:
+            return (f"{self.in_engine} page(s) in the engine and none came back for "
+                    f"{waited:.0f} s")
+        return None
+
+    def live(self) -> bool:
+        return self.problem() is None
+
+    def seconds_since_loop(self) -> float:
+        return self.clock() - self.loop_at
