@@ -13,6 +13,7 @@ from pathlib import Path
 from . import __version__
 from .config import Config, ConfigError, check_folders, load_config, parse_config
 from .errors import ExitCode, OcrdError, exit_code_for
+from .names import shown
 
 EPILOG = """\
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
@@ -114,8 +115,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "counts": counts, "daemon": live,
-            "recent_failures": [{"file": j.relpath, "reason": j.reason, "message": j.message,
-                                 "moved_to": j.output, "finished": j.finished}
+            "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
+                                 "message": j.message, "moved_to": shown(j.output or ""),
+                                 "finished": j.finished}
                                 for j in failures]}, indent=2))
         return ExitCode.OK
     if live is None:
@@ -131,7 +133,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("recent failures:")
         for j in failures:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.finished or 0))
-            print(f"  {when}  {j.relpath}  [{j.reason}] {j.message}")
+            print(f"  {when}  {shown(j.relpath)}  [{j.reason}] {j.message}")
     return ExitCode.OK
 
 

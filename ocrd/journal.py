@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .names import from_db, shown, to_db
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
@@ -84,10 +86,10 @@ class Journal:
 
     def _one(self, sql: str, *args: object) -> Job | None:
         row = self.db.execute(f"SELECT {_COLUMNS} FROM jobs {sql}", args).fetchone()
-        return Job(*row) if row else None
+        return _job(row) if row else None
 
     def _many(self, sql: str, *args: object) -> list[Job]:
-        return [Job(*r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM jobs {sql}", args)]
+        return [_job(r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM jobs {sql}", args)]
 
     # -- claims ---------------------------------------------------------------------
 
@@ -96,11 +98,11 @@ class Journal:
         cur = self.db.execute(
             "INSERT INTO jobs (inbox, relpath, claim_path, size, mtime_ns, state, created) "
             "VALUES (?, ?, ?, ?, ?, 'claiming', ?)",
-            (inbox, relpath, claim_path, size, mtime_ns, time.time()))
+            (to_db(inbox), to_db(relpath), to_db(claim_path), size, mtime_ns, time.time()))
         return int(cur.lastrowid or 0)
 
     def set_claim_path(self, job_id: int, claim_path: str) -> None:
-        self.db.execute("UPDATE jobs SET claim_path=? WHERE id=?", (claim_path, job_id))
+        self.db.execute("UPDATE jobs SET claim_path=? WHERE id=?", (to_db(claim_path), job_id))
 
     def claimed(self, job_id: int) -> None:
         self.db.execute("UPDATE jobs SET state='claimed' WHERE id=?", (job_id,))
@@ -125,7 +127,7 @@ class Journal:
     def finishing(self, job_id: int, output: str) -> None:
         """Outputs are durable; what is left is archiving/deleting the original."""
         self.db.execute("UPDATE jobs SET state='finishing', output=? WHERE id=?",
-                        (output, job_id))
+                        (to_db(output), job_id))
 
     def done(self, job_id: int, output: str, kept_relpath: str | None) -> None:
         """Finished. With on_success=keep, the original is back in the inbox under
@@ -133,16 +135,16 @@ class Journal:
         if kept_relpath is None:
             self.db.execute(
                 "UPDATE jobs SET state='done', output=?, finished=? WHERE id=?",
-                (output, time.time(), job_id))
+                (to_db(output), time.time(), job_id))
         else:
             self.db.execute(
                 "UPDATE jobs SET state='done', output=?, kept=1, relpath=?, finished=? "
-                "WHERE id=?", (output, kept_relpath, time.time(), job_id))
+                "WHERE id=?", (to_db(output), to_db(kept_relpath), time.time(), job_id))
 
     def failed(self, job_id: int, reason: str, message: str, output: str) -> None:
         self.db.execute(
             "UPDATE jobs SET state='failed', reason=?, message=?, output=?, finished=? "
-            "WHERE id=?", (reason, message, output, time.time(), job_id))
+            "WHERE id=?", (reason, shown(message), to_db(output), time.time(), job_id))
 
     # -- queries --------------------------------------------------------------------
 
@@ -157,7 +159,8 @@ class Journal:
         """A file converted with on_success=keep, still unchanged in its inbox."""
         row = self.db.execute(
             "SELECT 1 FROM jobs WHERE inbox=? AND relpath=? AND kept=1 AND state='done' "
-            "AND size=? AND mtime_ns=? LIMIT 1", (inbox, relpath, size, mtime_ns)).fetchone()
+            "AND size=? AND mtime_ns=? LIMIT 1",
+            (to_db(inbox), to_db(relpath), size, mtime_ns)).fetchone()
         return row is not None
 
     def counts(self) -> dict[str, int]:
@@ -165,3 +168,13 @@ class Journal:
 
     def recent_failures(self, limit: int = 10) -> list[Job]:
         return self._many("WHERE state='failed' ORDER BY finished DESC LIMIT ?", limit)
+
+
+def _job(row: tuple) -> Job:
+    """A row as a Job; the names (stored as TEXT or, when not UTF-8, as BLOB) as str."""
+    job = Job(*row)
+    job.inbox, job.relpath, job.claim_path = (from_db(v) for v in
+                                              (job.inbox, job.relpath, job.claim_path))
+    if job.output is not None:
+        job.output = from_db(job.output)
+    return job

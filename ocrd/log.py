@@ -23,6 +23,8 @@ from typing import Any
 
 import structlog
 
+from . import names
+
 PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
@@ -39,6 +41,15 @@ class _JournalPrefix(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         prio = PRIORITY.get(record.levelname.lower(), 6)
         return f"<{prio}>" + self.inner.format(record)
+
+
+def printable_names(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    """File names that are not UTF-8 (str with escaped bytes) in their readable form
+    (`bad\\xff.pdf`): no renderer or stream can encode them as they are."""
+    for key, value in event.items():
+        if isinstance(value, str) and not names.utf8(value):
+            event[key] = names.shown(value)
+    return event
 
 
 def under_journald() -> bool:
@@ -191,6 +202,7 @@ def setup(level: str = "info", fmt: str = "auto", stream: Any = None,
         fmt = "console" if hasattr(stream, "isatty") and stream.isatty() else "json"
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        printable_names,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

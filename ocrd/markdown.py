@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -83,7 +84,8 @@ def grounding_to_markdown(
     blocks, broken = _parse_blocks(text)
     malformed = malformed or broken
 
-    link_base = quote(assets_link.rstrip("/")) if assets_link else ""
+    # quoted as bytes: a folder name that is not UTF-8 becomes %XX escapes
+    link_base = quote(os.fsencode(assets_link.rstrip("/"))) if assets_link else ""
     figures: list[Figure] = []
     parts: list[str] = []
     for block in blocks:

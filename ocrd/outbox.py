@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from . import names
+
 NAME_MAX = 255
 TMP_PREFIX = ".ocrd-tmp-"
 
@@ -62,12 +64,16 @@ def fit_name(stem: str, suffix: str, reserve: int = 0) -> str:
     longer siblings like `.error.json`) fits in one file name."""
     limit = NAME_MAX - reserve
     name = stem + suffix
-    if len(name.encode()) <= limit:
+    if names.nbytes(name) <= limit:
         return name
-    digest = hashlib.sha256(stem.encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    room = limit - len(suffix.encode()) - len(digest) - 1
-    cut = stem.encode("utf-8", "surrogateescape")[: max(room, 1)]
-    short = cut.decode("utf-8", "ignore")
+    raw = stem.encode("utf-8", "surrogateescape")
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    room = limit - names.nbytes(suffix) - len(digest) - 1
+    cut = raw[: max(room, 1)]
+    # A UTF-8 name is cut at a character boundary; a name that is not UTF-8 keeps its
+    # bytes as they are.
+    short = cut.decode("utf-8", "ignore") if names.utf8(stem) else \
+        cut.decode("utf-8", "surrogateescape")
     return f"{short}~{digest}{suffix}"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import json
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, markdown, outbox, pages
+from . import __version__, errors, markdown, names, outbox, pages
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -362,9 +361,7 @@ class Converter:
         # Order matters: assets, then the sidecar, then the Markdown last, so whoever
         # waits for NAME.md finds everything else in place.
         staging.commit()
-        outbox.write_atomic(base.with_name(base.name + ".json"),
-                            (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode(),
-                            perms)
+        outbox.write_atomic(base.with_name(base.name + ".json"), names.json_bytes(meta), perms)
         outbox.write_atomic(base.with_name(base.name + ".md"), text.encode("utf-8"), perms)
         outbox.fsync_dir(base.parent)
 

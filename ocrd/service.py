@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
-import json
 import os
 import signal
 import time
@@ -23,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from . import __version__, errors, outbox, pages
+from . import __version__, errors, names, outbox, pages
 from .config import Config, ConfigError, InboxConfig, load_config
 from .engines import create_engine
 from .engines.base import Engine
@@ -822,7 +821,7 @@ def _write_error(dest: Path, err: errors.OcrdError, source: str, perms: outbox.P
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})}
     name = outbox.fit_name(dest.name, ".error.json")
     outbox.write_atomic(dest.with_name(name),
-                        (json.dumps(body, indent=2, ensure_ascii=False) + "\n").encode(), perms)
+                        names.json_bytes(body), perms)
 
 
 def _instance_id(state_dir: Path) -> str:

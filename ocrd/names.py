@@ -1,0 +1,58 @@
+"""File names are bytes: any byte but `/` and NUL. Python gives them to ocrd as str, the
+bytes that are not UTF-8 carried as lone surrogates (U+DC80–U+DCFF, `surrogateescape`).
+Such a str cannot be encoded as UTF-8 — not into SQLite, a JSON file, a Markdown link
+or a log line — so every place a name leaves Python goes through here.
+
+- `shown(name)`: a readable, valid-UTF-8 form for logs and people (`bad\\xff.pdf`).
+- `to_db(name)` / `from_db(value)`: stored as TEXT when it is UTF-8 (readable with the
+  sqlite3 shell, and what older journals hold), as a BLOB of its bytes when not.
+- `json_bytes(obj)`: JSON text, valid UTF-8, where a name's undecodable bytes become
+  `\\udcXX` escapes; Python's json reads the same str back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def utf8(name: str) -> bool:
+    """True when the name is valid UTF-8 (no escaped bytes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def raw(name: str) -> bytes:
+    return os.fsencode(name)
+
+
+def nbytes(name: str) -> int:
+    """The name's length in bytes, as the filesystem counts it."""
+    return len(name.encode("utf-8", "surrogateescape"))
+
+
+def shown(name: str) -> str:
+    if utf8(name):
+        return name
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def to_db(name: str) -> str | bytes:
+    return name if utf8(name) else name.encode("utf-8", "surrogateescape")
+
+
+def from_db(value: str | bytes | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+def json_bytes(obj: Any) -> bytes:
+    text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    # A lone surrogate can only stand inside a JSON string; there "\udcff" is a valid
+    # escape, and the text stays valid UTF-8.
+    return text.encode("utf-8", "backslashreplace")
