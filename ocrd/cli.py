@@ -10,12 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, check_folders, load_config, parse_config
 from .errors import ExitCode, OcrdError, exit_code_for
 from .names import shown
 
 EPILOG = """\
+run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
+
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 2 usage or configuration error, 3 bad input (empty, truncated, unsupported, unreadable),
 4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 output not writable,
@@ -23,16 +25,20 @@ exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 """
 
 
+CONFIG_HELP = "YAML config file (default: $OCRD_CONFIG, else /etc/ocrd/config.yaml)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ocrd", description="OCR daemon: inbox folders → Markdown "
         "(DeepSeek-OCR-2 on vLLM, or tesseract on the CPU).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"ocrd {__version__}")
+    p.add_argument("--version", action="version",
+                   version=f"ocrd {__version__} ({owner.DISTRIBUTION})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
-    run.add_argument("-c", "--config", required=True, type=Path, help="YAML config file")
+    run.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
     conv = sub.add_parser("convert", help="convert files once and exit (exit 0 only if "
                           "every file converted)")
@@ -48,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--quiet", action="store_true", help="no progress output")
 
     check = sub.add_parser("check-config", help="validate a config file and its folders")
-    check.add_argument("-c", "--config", required=True, type=Path)
+    check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
     status = sub.add_parser("status", help="queue, counts by state and recent failures")
-    status.add_argument("-c", "--config", required=True, type=Path)
+    status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("-n", type=int, default=10, help="recent failures to show")
     return p
@@ -77,16 +83,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import structlog
+
     from . import log, service
 
-    cfg = load_config(args.config)
+    found = configfile.find(args.config)
+    cfg = configfile.load(found)
+    credentials.api_key(cfg.engine)  # a missing key file stops the start, not a page
     log.setup(cfg.log.level, cfg.log.format)
-    return service.run(args.config)
+    structlog.get_logger("ocrd.cli").info("config_read", path=str(found.path),
+                                          origin=found.origin)
+    return service.run(found.path)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    problems = check_folders(cfg)
+    found = configfile.find(args.config)
+    cfg = configfile.load(found)
+    problems = check_folders(cfg) + _check_secrets_and_listen(cfg)
     for problem in problems:
         print(f"ocrd: {problem}", file=sys.stderr)
     if problems:
@@ -94,15 +107,36 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .engines import choose_kind
 
     kind, why = choose_kind(cfg.engine)
-    print(f"{args.config}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
+    print(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
     return ExitCode.OK
+
+
+def _check_secrets_and_listen(cfg: Config) -> list[str]:
+    problems = []
+    name = cfg.engine.api_key_credential
+    if name is not None and credentials.credential_path(name) is None:
+        print(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
+              "$CREDENTIALS_DIRECTORY, which only the service has; not checked here")
+    else:
+        try:
+            credentials.api_key(cfg.engine)
+        except ConfigError as e:
+            problems.append(str(e))
+    if cfg.metrics.listen is not None:
+        problem = listen.bind_problem(listen.parse(cfg.metrics.listen))
+        if problem:
+            problems.append(f"metrics.listen = {cfg.metrics.listen!r}: {problem}")
+    return problems
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .journal import Journal
     from .status import daemon_metrics
 
-    cfg = load_config(args.config)
+    found = configfile.find(args.config)
+    cfg = configfile.load(found)
+    if not args.json:
+        print(f"config: {found}")
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
         print(f"no journal at {path}: the daemon has not run with this config yet")
@@ -114,6 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     live = daemon_metrics(cfg.metrics.listen) if cfg.metrics.listen else None
     if args.json:
         print(json.dumps({
+            "config": {"path": str(found.path), "origin": found.origin},
             "counts": counts, "daemon": live,
             "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
                                  "message": j.message, "moved_to": shown(j.output or ""),
