@@ -21,7 +21,7 @@ class ConfigFile:
     origin: str  # "-c", "$OCRD_CONFIG" or "default"
 
     def __str__(self) -> str:
-        how = {"-c": "given with -c", ENV: f"from ${ENV}", "default": "the default"}
+        how = {"-c": "given with -c", f"${ENV}": f"from ${ENV}", "default": "the default"}
         return f"{self.path} ({how.get(self.origin, self.origin)})"
 
 
@@ -30,7 +30,7 @@ def find(given: Path | None, environ: Mapping[str, str] = os.environ) -> ConfigF
         return ConfigFile(given, "-c")
     named = environ.get(ENV)
     if named:
-        return ConfigFile(Path(named), ENV)
+        return ConfigFile(Path(named), f"${ENV}")
     if os.path.lexists(DEFAULT):
         return ConfigFile(DEFAULT, "default")
     raise ConfigError(f"no config file: give one with -c FILE, name it in ${ENV}, or write "
