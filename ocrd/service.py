@@ -144,13 +144,12 @@ class Daemon:
         self.instance = _instance_id(cfg.state_dir)
         self.journal = Journal(cfg.state_dir / "journal.sqlite3")
         if cfg.metrics.listen:
-            try:
-                self.health = HealthServer(self.metrics, cfg.metrics.listen,
-                                           live=self._is_live, ready=lambda: self.ready)
-                self.health.start()
-                log.info("metrics_listening", address=self.health.address)
-            except OSError as e:
-                log.error("metrics_unavailable", listen=cfg.metrics.listen, error=str(e))
+            # ListenError (a ConfigError) when it cannot bind: the daemon does not start
+            self.health = HealthServer(self.metrics, cfg.metrics.listen, live=self._is_live,
+                                       ready=lambda: self.ready,
+                                       why=lambda: self.notifier.status)
+            self.health.start()
+            log.info("metrics_listening", address=self.health.address)
         self.notifier.send("STATUS=starting the render workers")
         self.pool = pages.RenderPool(cfg.render.workers)
         self.probe_pool = pages.RenderPool(1, timeout=120)
