@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from . import __version__, errors, names, outbox, pages
+from . import __version__, errors, outbox, pages, records
 from .config import Config, ConfigError, InboxConfig, load_config
 from .engines import create_engine
 from .engines.base import Engine
@@ -569,7 +569,8 @@ class Daemon:
                 where = str(dest)
             except OSError:
                 dest, where = folder / rel.name, "left in the inbox"
-            _write_error(dest, err, entry.relpath, perms, extra={"entry": where})
+            _write_error(dest, err, records.source(entry.relpath, str(state.cfg.path)), perms,
+                         extra={"entry": where})
         except OSError as e:
             log.error("reject_failed", file=entry.relpath, error=e.strerror)
             return
@@ -697,8 +698,10 @@ class Daemon:
             dest = outbox.move_unique(src, folder, rel.name, state.perms)
         else:
             dest = folder / outbox.fit_name(rel.name, "", 40)
-        _write_error(dest, err, item.relpath, state.perms,
-                     extra={"sha256": item.source.sha256, "attempts": attempts})
+        doc = item.source
+        _write_error(dest, err, records.source(item.relpath, doc.inbox, records.size_of(dest),
+                                               doc.sha256, doc.info),
+                     state.perms, extra={"attempts": attempts})
         return dest
 
     async def _recover(self) -> None:
@@ -814,13 +817,12 @@ def _item(job_id: int, state: InboxState, claim: Path, relpath: str, **kw: float
     return Item(job_id, state, src, relpath)
 
 
-def _write_error(dest: Path, err: errors.OcrdError, source: str, perms: outbox.Perms,
+def _write_error(dest: Path, err: errors.OcrdError, source: dict, perms: outbox.Perms,
                  extra: dict | None = None) -> None:
-    body = {"reason": err.reason, "message": str(err), "source": source,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})}
     name = outbox.fit_name(dest.name, ".error.json")
     outbox.write_atomic(dest.with_name(name),
-                        names.json_bytes(body), perms)
+                        records.error_json(err.reason, str(err), source, time.time(), extra),
+                        perms)
 
 
 def _instance_id(state_dir: Path) -> str:
