@@ -9,11 +9,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, check_folders, load_config, parse_config
 from .errors import ExitCode, OcrdError, exit_code_for
 from .names import shown
+
+if TYPE_CHECKING:
+    from .progress import Progress
 
 EPILOG = """\
 run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
@@ -51,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="override engine.kind")
     conv.add_argument("--prompt", choices=["markdown", "text"], default="markdown",
                       help="what to ask the model for (vllm/remote only)")
-    conv.add_argument("--quiet", action="store_true", help="no progress output")
+    conv.add_argument("-l", "--language", action="append", metavar="LANG",
+                      help="tesseract language(s): -l eng+deu, or -l eng -l deu (default: "
+                      "engine.tesseract.lang, eng); the DeepSeek-OCR-2 engines need none")
+    conv.add_argument("-j", "--jobs", type=_positive, metavar="N",
+                      help="processes that render pages and run tesseract (default: one "
+                      "per CPU core)")
+    conv.add_argument("-q", "--quiet", action="store_true",
+                      help="no progress; only failed files and errors")
+    conv.add_argument("-v", "--verbose", action="count", default=0,
+                      help="log events too, on their own lines: -v info, -vv debug")
 
     check = sub.add_parser("check-config", help="validate a config file and its folders")
     check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
@@ -172,30 +185,57 @@ def cmd_status(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def cmd_convert(args: argparse.Namespace) -> int:
-    from . import log
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, got {text!r}")
+    return int(text)
 
+
+def _convert_config(args: argparse.Namespace) -> Config:
+    """The config for one `ocrd convert`: the file's (or the defaults), with what the
+    command line says on top."""
     if args.config:
         cfg = load_config(args.config)
     else:
         cfg = parse_config({"state_dir": ".", "metrics": {"listen": None}}, Path.cwd())
+    engine = cfg.engine.model_dump()
     if args.engine:
-        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(
-            update={"kind": args.engine})})
-    log.setup("warning" if args.quiet else cfg.log.level, cfg.log.format)
+        engine["kind"] = args.engine
+    if args.language:
+        engine["tesseract"]["lang"] = "+".join(args.language)
+    render = cfg.render.model_dump()
+    if args.jobs:
+        engine["tesseract"]["workers"] = render["workers"] = args.jobs
+    return cfg.model_copy(update={"engine": type(cfg.engine).model_validate(engine),
+                                  "render": type(cfg.render).model_validate(render)})
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from . import log
+    from .progress import Progress
+
+    cfg = _convert_config(args)
     missing = [f for f in args.files if not f.exists()]
     for f in missing:
         print(f"ocrd: {f}: no such file", file=sys.stderr)
     if missing:
         return ExitCode.USAGE
+    progress = Progress(len(args.files), enabled=not args.quiet)
+    level = "error" if args.quiet else ("warning", "info", "debug")[min(args.verbose, 2)]
+    # Log events in the same words as the progress, unless JSON is asked for by name.
+    log.setup(level, "json" if cfg.log.format == "json" else "console",
+              stream=progress.lines())
     try:
-        failures = asyncio.run(_convert(cfg, args))
+        failures = asyncio.run(_convert(cfg, args, progress))
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    finally:
+        progress.finish()
     return exit_code_for(failures)
 
 
-async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
+async def _convert(cfg: Config, args: argparse.Namespace,
+                   progress: Progress) -> list[OcrdError]:
     from . import errors, outbox, pages
     from .engines import create_engine
     from .pipeline import Converter, Source
@@ -211,7 +251,7 @@ async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
     slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
     converter = Converter(cfg, engine, pool, slots)
     perms = outbox.Perms(tag=f"cli{os.getpid()}")
-    progress = Progress(len(args.files), enabled=not args.quiet)
+    progress.start()
     limit = asyncio.Semaphore(cfg.schedule.max_active_documents)
     failures: list[OcrdError] = []
 
@@ -245,29 +285,6 @@ async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
         await engine.close()
         await pool.close()
     return failures
-
-
-class Progress:
-    """One line per finished file; on a terminal, a running `[k/n]` counter."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.count = 0
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-
-    def done(self, path: Path, text: str) -> None:
-        self.count += 1
-        if not self.enabled:
-            if text.startswith("FAILED"):
-                print(f"{path}: {text}", file=sys.stderr)
-            return
-        bar = ""
-        if self.tty:
-            width = 20
-            filled = int(width * self.count / max(1, self.total))
-            bar = "[" + "#" * filled + "." * (width - filled) + "] "
-        print(f"{bar}{self.count}/{self.total} {path}: {text}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
