@@ -9,6 +9,8 @@ that neither a burst of scrapers nor slow clients can starve it.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import socketserver
 import threading
 from collections.abc import Callable, Iterable
@@ -103,6 +105,7 @@ class _Server(WSGIServer):
         self.slots = threading.BoundedSemaphore(workers)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="metrics-conn")
         self.closing = False
+        self.active: set[Any] = set()  # connections being served, cut short by close()
         handler = type("Handler", (_Handler,), {"timeout": timeout})
         super().__init__((addr.host, addr.port), handler)
 
@@ -120,13 +123,26 @@ class _Server(WSGIServer):
         self.pool.submit(self._serve, request, client_address)
 
     def _serve(self, request: Any, client_address: Any) -> None:
+        self.active.add(request)
         try:
             self.finish_request(request, client_address)
         except Exception:  # noqa: BLE001 - one connection's trouble is its own
             self.handle_error(request, client_address)
         finally:
+            self.active.discard(request)
             self.shutdown_request(request)
             self.slots.release()
+
+    def close(self) -> None:
+        """Stop accepting, and end the connections in progress: a slow client must not
+        hold the daemon's exit for its timeout (the pool's threads are joined at exit)."""
+        self.closing = True
+        self.shutdown()
+        self.server_close()
+        for request in list(self.active):
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RDWR)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that timed out or hung up: not worth a traceback on stderr.
@@ -186,10 +202,7 @@ class HealthServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self.server.closing = True
-        self.server.shutdown()
-        self.server.server_close()
-        self.server.pool.shutdown(wait=False, cancel_futures=True)
+        self.server.close()
 
 
 def _plain(start_response: Callable, status: str, body: bytes, method: str,

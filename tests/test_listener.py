@@ -227,3 +227,22 @@ def test_the_daemon_does_not_start_when_it_cannot_listen(tmp_path: Path) -> None
     assert f"ocrd: configuration error: metrics.listen = '127.0.0.1:{port}': cannot listen " \
         "on" in r.stderr
     assert '"event": "ready"' not in r.stderr
+
+
+def test_stop_ends_connections_in_progress() -> None:
+    """Idle clients being served when the daemon stops do not hold it for their timeout
+    (60 s here): their connections are ended, and the worker threads come free."""
+    srv = HealthServer(Metrics(), "127.0.0.1:0", live=lambda: True, ready=lambda: True,
+                       timeout=60)
+    srv.start()
+    host, _, port = srv.address.rpartition(":")
+    idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(8)]
+    try:
+        wait_for(lambda: len(srv.server.active) == 8, 20, "8 connections being served")
+        srv.stop()
+        for s in idle:
+            assert s.recv(1) == b""  # ended by the server, long before its 60 s
+        wait_for(lambda: not srv.server.active, 20, "the workers free again")
+    finally:
+        for s in idle:
+            s.close()
