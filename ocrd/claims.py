@@ -109,7 +109,7 @@ class Claims:
             dest, _ = outbox.mirror(job, item.claim[2:], outbox.Perms(0o600, 0o700))
             with dest:
                 try:
-                    folder.rename(entry.relpath.rsplit("/", 1)[-1], dest, item.name)
+                    folder.rename(item.name, dest, item.name)
                 except FileNotFoundError:
                     # Gone, or another ocrd on the same share claimed it first.
                     _remove_job_folder(work, item.claim[1:])
@@ -117,6 +117,14 @@ class Claims:
                 except BaseException:
                     _remove_job_folder(work, item.claim[1:])
                     raise
+                if not _in_place(inbox, item.folders, folder):
+                    # The folder was moved out of the inbox while ocrd held it open:
+                    # what was taken from it lies outside ocrd's folders. Give it back.
+                    log.warning("claim_undone", file=item.relpath,
+                                why="its folder left the inbox while ocrd claimed it")
+                    dest.rename(item.name, folder, item.name)
+                    _remove_job_folder(work, item.claim[1:])
+                    return False
         return True
 
     def _compare(self, item: Item, entry: Entry, checked: os.stat_result | None) -> None:
@@ -148,6 +156,16 @@ class Claims:
                         "checked again")
             item.info = None
             item.error = None
+
+
+def _in_place(inbox: Inbox, folders: tuple[str, ...], folder: safefs.Dir) -> bool:
+    """The open folder is (still) the inbox's folder at that path."""
+    try:
+        with inbox.open_root() as root, root.walk(folders) as now:
+            a, b = os.fstat(now.fd), os.fstat(folder.fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _remove_job_folder(work: safefs.Dir, parts: tuple[str, ...]) -> None:
