@@ -47,7 +47,9 @@ def test_metrics_move_during_a_conversion(tmp_path: Path) -> None:
             return (d.outbox / "long.md").exists()
 
         wait_for(sample, 120, "long.md", every=0.2)
-        samples.append(values(get(base + "/metrics")[1]))
+        # the file is counted once its original is archived too, a moment after long.md
+        wait_for(lambda: sample() and samples[-1].get("ocrd_files_total{result=ok}") == 1,
+                 30, "the file counted", every=0.2)
         status = get(base + "/nope")[0]
     pages = [s.get("ocrd_pages_total{result=ok}", 0) for s in samples]
     assert pages[-1] == 12
