@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import listen
+
 DEFAULT_MODEL = "deepseek-ai/DeepSeek-OCR-2"
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
@@ -215,7 +217,11 @@ class EngineConfig(_Strict):
     model: str = DEFAULT_MODEL
     # remote: base URLs of OpenAI-compatible servers, e.g. http://gpu1:8000/v1
     urls: list[str] = Field(default_factory=list)
+    # remote: the servers' API key, inline, or (better) from a file or a systemd
+    # credential (ocrd/credentials.py); at most one of the three
     api_key: str | None = None
+    api_key_file: Path | None = None
+    api_key_credential: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
     # remote: pages in flight per server
     concurrency_per_url: int = Field(default=32, ge=1)
     request_timeout_seconds: float = Field(default=600.0, gt=0)
@@ -237,6 +243,10 @@ class EngineConfig(_Strict):
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"url {url!r} must start with http:// or https://")
+        given = [k for k, v in (("api_key", self.api_key), ("api_key_file", self.api_key_file),
+                                ("api_key_credential", self.api_key_credential)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set; give the key one way")
         return self
 
 
@@ -285,11 +295,8 @@ class MetricsConfig(_Strict):
     @field_validator("listen")
     @classmethod
     def _hostport(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"must be HOST:PORT, got {v!r}")
+        if v is not None:
+            listen.parse(v)  # a ValueError that says what is wrong
         return v
 
 
@@ -340,6 +347,7 @@ class Config(_Strict):
             box.outbox = fix(box.outbox)  # type: ignore[assignment]
             box.failed = fix(box.failed)  # type: ignore[assignment]
             box.archive = fix(box.archive)
+        data.engine.api_key_file = fix(data.engine.api_key_file)
         return data
 
 

@@ -8,6 +8,7 @@ import os
 import structlog
 
 from ..config import EngineConfig
+from ..credentials import with_api_key
 from .base import Engine, PageOutput, PageRequest
 
 __all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine"]
@@ -41,6 +42,7 @@ def choose_kind(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def create_engine(cfg: EngineConfig) -> Engine:
+    cfg = with_api_key(cfg)  # the engines read only `api_key`
     engine = _create(cfg)
     if cfg.faults is not None:
         from .faults import FaultyEngine
