@@ -200,7 +200,7 @@ class SimulatedConfig(_Strict):
     instant: bool = False
 
 
-class FaultsConfig(_Strict):
+class TestingFaultsConfig(_Strict):
     """Fault injection around any engine, for reliability tests only: every N-th page
     (counted per daemon run) meets the fault; 0 turns it off."""
 
@@ -233,8 +233,8 @@ class EngineConfig(_Strict):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
     simulated: SimulatedConfig = Field(default_factory=SimulatedConfig)
-    # reliability tests only (see FaultsConfig); null in production
-    faults: FaultsConfig | None = None
+    # TESTING ONLY (reliability tests; see TestingFaultsConfig): null in production
+    testing_faults: TestingFaultsConfig | None = None
 
     @model_validator(mode="after")
     def _remote_needs_urls(self) -> EngineConfig:

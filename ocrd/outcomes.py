@@ -175,25 +175,26 @@ class Outcomes:
 
     def _move_failed(self, item: Item, err: errors.OcrdError, attempts: int) -> str:
         inbox = item.inbox
-        source = records.source(item.relpath, str(inbox.path), info=item.info)
-        body = records.error_body(err.reason, str(err), source, time.time(),
-                                  {"attempts": attempts, **item.extra})
+        extra = {"attempts": attempts, **item.extra}
         plain = item.retries >= OWN_FAILURE_TRIES
         with safefs.Dir.open_root(inbox.cfg.failed, create=True) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))
                                          if plain else item.folders, inbox.perms)
             with folder:
+                size = None
                 try:
                     with item.open_claim_folder() as claim:
+                        st = claim.lstat(item.name)
+                        size = st.st_size if stat.S_ISREG(st.st_mode) else None
                         name = self._move_entry(claim, item, folder, plain)
-                    where = name
+                    extra["entry"] = "/".join((*used, name))
                 except (FileNotFoundError, safefs.Blocked):
                     name = plain_name(item.name) if plain else item.name
-                    where = None
-                body["entry"] = "/".join((*used, name)) if where else "gone (not in the " \
-                    "work area any more)"
-                source["size"] = records.regular_size(folder.lstat, name) if where else None
-                outbox.write_error(folder, name, body, inbox.perms)
+                    extra["entry"] = "gone (not in the work area any more)"
+                source = records.source(item.relpath, str(inbox.path), size, item.sha256,
+                                        item.info)
+                data = records.error_json(err.reason, str(err), source, time.time(), extra)
+                outbox.write_error(folder, name, data, inbox.perms)
         self._tidy(item)
         return str(inbox.cfg.failed.joinpath(*used, name))
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
-from . import __version__
+from . import __version__, names
 
 SIDECAR_SCHEMA_VERSION = 1
 ERROR_SCHEMA_VERSION = 1
@@ -31,11 +31,10 @@ def iso(t: float | None) -> str | None:
         .replace("+00:00", "Z")
 
 
-def regular_size(lstat: Callable[[str], os.stat_result], name: str) -> int | None:
-    """The size of `name` if it is a regular file (`lstat` does not follow a link), else
-    None (a link, a FIFO … has no document size)."""
+def size_of(path: Path) -> int | None:
+    """The size of a regular file at `path` (not following a link), else None."""
     try:
-        st = lstat(name)
+        st = os.lstat(path)
     except OSError:
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
@@ -59,8 +58,9 @@ def page(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def error_body(reason: str, message: str, source: dict[str, Any], failed_at: float,
-               extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"schema_version": ERROR_SCHEMA_VERSION, "ocrd_version": __version__,
+def error_json(reason: str, message: str, source: dict[str, Any], failed_at: float,
+               extra: dict[str, Any] | None = None) -> bytes:
+    body = {"schema_version": ERROR_SCHEMA_VERSION, "ocrd_version": __version__,
             "reason": reason, "message": message, "source": source,
             "time": iso(failed_at), **(extra or {})}
+    return names.json_bytes(body)

@@ -99,7 +99,7 @@ def test_convert_sidecar_matches_the_schema(tmp_path: Path) -> None:
 def test_the_schemas_refuse_what_readers_would_trip_on() -> None:
     """A schema that accepted anything would prove nothing: drift is caught."""
     src = records.source("a.pdf", "/in", 10, "0" * 64)
-    body = records.error_body("truncated", "cut short", src, 1.7e9)
+    body = json.loads(records.error_json("truncated", "cut short", src, 1.7e9))
     valid(ERROR, body)
     assert body["time"] == "2023-11-14T22:13:20.000Z"
     for broken in ({**body, "source": "a.pdf"},  # the old string form

@@ -55,17 +55,23 @@ def test_a_subfolder_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
     reach the outside file through the link (old code moved it into the archive)."""
     outside, before = secret_folder(tmp_path)
     src = make_pdf(tmp_path / "a.pdf", [sentence_lines(1, 3)])
-    with Daemon(tmp_path / "d") as d:
+    with Daemon(tmp_path / "d", rescan_seconds=600) as d:
+        # inotify, no rescan meanwhile: the candidate stays tracked while `sub` changes
         box = d.config["inboxes"][0]
-        box.update(recursive=True, quiet_seconds=3.0, watch="polling")
+        box.update(recursive=True, quiet_seconds=3.0, watch="inotify")
         d.start()
         (d.inbox / "sub").mkdir()
-        drop(src, d.inbox / "sub" / "secret.pdf")
-        wait_for(lambda: d.metric("ocrd_candidates") == 1, 10, "the file seen, not yet quiet")
-        (d.inbox / "sub" / "secret.pdf").rename(tmp_path / "moved-away.pdf")
+        # written but not closed yet: seen, not due before the quiet period
+        with open(d.inbox / "sub" / "secret.pdf", "wb") as f:
+            f.write(src.read_bytes())
+            f.flush()
+            wait_for(lambda: d.metric("ocrd_candidates") == 1, 10, "the file seen")
+            (d.inbox / "sub" / "secret.pdf").rename(tmp_path / "moved-away.pdf")
         (d.inbox / "sub").rmdir()
         (d.inbox / "sub").symlink_to(outside)
         wait_for(lambda: (d.failed / "sub.error.json").exists(), 60, "the link rejected")
+        # and the candidate seen inside `sub` settled too (forgotten, or claimed)
+        wait_for(lambda: d.metric("ocrd_candidates") == 0, 60, "no candidate left")
         assert d.proc.poll() is None
         err = json.loads((d.failed / "sub.error.json").read_text())
         assert err["reason"] == "not_a_regular_file"
