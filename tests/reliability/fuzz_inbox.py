@@ -347,15 +347,24 @@ def run(tmp: Path, seed: int, seconds: float, ops_per_second: float = 20) -> dic
 def _settle(d: Daemon) -> bool:
     """Until nothing is left to do: no document in the inbox, nothing claimed."""
     def quiet() -> bool:
-        left = [p for p in d.inbox.rglob("*")
-                if (p.is_file() or p.is_symlink()) and ".ocrd-work" not in p.parts
-                and not any(part.startswith(".") for part in p.relative_to(d.inbox).parts)]
-        return not left and not claimed_files(d.inbox) and d.metric("ocrd_queue_depth") == 0
+        return not _left_in(d.inbox) and not claimed_files(d.inbox) and \
+            d.metric("ocrd_queue_depth") == 0
     try:
         wait_for(quiet, 180, "the daemon to settle", every=0.5)
     except AssertionError:
         return False
     return True
+
+
+def _left_in(inbox: Path) -> list[str]:
+    """Files and links still in the inbox (dot-folders aside). os.walk, not rglob: the
+    daemon removes folders meanwhile, and os.walk passes over what vanished."""
+    left = []
+    for folder, dirs, files in os.walk(inbox):
+        links = [x for x in dirs if os.path.islink(os.path.join(folder, x))]
+        left += [os.path.join(folder, n) for n in files + links if not n.startswith(".")]
+        dirs[:] = [x for x in dirs if not x.startswith(".") and x not in links]
+    return left
 
 
 def _secret_converted(d: Daemon, outside: Path) -> bool:
