@@ -27,6 +27,7 @@ from . import __version__, errors, markdown, names, outbox, pages
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
+from .previews import Previews
 from .schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
@@ -102,8 +103,10 @@ class EngineGate:
 class Converter:
     def __init__(self, cfg: Config, engine: Engine, pool: pages.RenderPool,
                  slots: FairSlots, reservations: outbox.Reservations | None = None,
-                 metrics: Any = None, liveness: Liveness | None = None) -> None:
+                 metrics: Any = None, liveness: Liveness | None = None,
+                 previews: Previews | None = None) -> None:
         self.cfg = cfg
+        self.previews = previews  # the console's page previews (ocrd/previews.py)
         self.liveness = liveness
         self.engine = engine
         self.pool = pool
@@ -197,6 +200,8 @@ class Converter:
                 t = time.time()
                 rendered = await render(i)
                 render_s = time.time() - t
+                if self.previews is not None:
+                    self.previews.page(src.sha256, i + 1, rendered)  # queued, not waited for
                 size = replace(rendered, data=b"")  # what the sidecar needs
                 # A page waits for its slot as packed RGB (a Pillow RGB image takes a
                 # third more) and becomes an image when handed to the engine. The

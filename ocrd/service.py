@@ -33,6 +33,7 @@ from .notify import Liveness, Notifier
 from .pipeline import Converter, Source
 from .schedule import FairSlots, Scheduler
 from .watch import WORK_DIR_NAME, Entry, Ignore, Observers, entry_for, scan, watch_mode
+from .web import Console, InboxLive, Live, LiveStatus
 
 log = structlog.get_logger("ocrd.service")
 
@@ -82,6 +83,7 @@ class Daemon:
         self._retry_later: list[asyncio.TimerHandle] = []
         self.engine: Engine | None = None
         self.health: HealthServer | None = None
+        self.console: Console | None = None
         self.observers: Observers | None = None
         self.done_pages = 0
         self._rate: list[tuple[float, int]] = []
@@ -151,6 +153,7 @@ class Daemon:
                 log.info("metrics_listening", address=self.health.address)
             except OSError as e:
                 log.error("metrics_unavailable", listen=cfg.metrics.listen, error=str(e))
+        self.console = Console.start(cfg, LiveStatus(self._loop, self._live))
         self.notifier.send("STATUS=starting the render workers")
         self.pool = pages.RenderPool(cfg.render.workers)
         self.probe_pool = pages.RenderPool(1, timeout=120)
@@ -168,7 +171,8 @@ class Daemon:
         in_flight = cfg.schedule.pages_in_flight or max(2, self.engine.max_concurrency)
         self.slots = FairSlots(in_flight)
         self.converter = Converter(cfg, self.engine, self.pool, self.slots,
-                                   metrics=self.metrics, liveness=self.liveness)
+                                   metrics=self.metrics, liveness=self.liveness,
+                                   previews=self.console.previews)
         # Beyond max_active_documents, documents start while the engine has room (see
         # schedule.py), at most one per page slot more.
         self.scheduler = Scheduler(self._run_item, cfg.schedule.max_active_documents,
@@ -264,6 +268,8 @@ class Daemon:
                 await pool.close()
         if self.health is not None:
             self.health.stop()
+        if self.console is not None:
+            self.console.stop()
         if hasattr(self, "journal"):
             left = self.journal.counts()
             log.info("stopped", left_claimed=sum(left.get(s, 0) for s in
@@ -336,6 +342,8 @@ class Daemon:
         keep_engine, keep_render = self.cfg.engine, self.cfg.render
         self.cfg = new.model_copy(update={"engine": keep_engine, "render": keep_render})
         self.converter.cfg = self.cfg
+        if self.console is not None:
+            self.console.update_config(self.cfg)
         self._wake.set()
         log.info("reloaded", inboxes=[str(p) for p in self.inboxes])
         self.notifier.send("READY=1", f"STATUS=reloaded; watching {len(self.inboxes)} inbox(es)")
@@ -639,7 +647,8 @@ class Daemon:
         state, src = item.inbox, item.source
         self.journal.finishing(item.job_id, str(md))
         kept = await asyncio.to_thread(self._dispose_original, state, item)
-        self.journal.done(item.job_id, str(md), kept)
+        self.journal.done(item.job_id, str(md), kept, pages=meta.get("page_count"),
+                          degraded=len(meta.get("degraded_pages") or []))
         _remove_empty(src.path.parent, state.work_dir)
         self.metrics.files.labels("degraded" if meta.get("degraded_pages") else "ok").inc()
         self.metrics.last_success.set(time.time())
@@ -777,6 +786,27 @@ class Daemon:
         """The main loop turns, and pages given to the engine come back (notify.py).
         Before the main loop runs (engine loading) and while stopping: live."""
         return not self.ready or self.liveness.live()
+
+    def _live(self) -> Live:
+        """The console's view of what only the daemon knows (ocrd/web/live.py); runs on
+        this loop, called through LiveStatus from the console's thread."""
+        now = time.monotonic()
+        t0, n0 = self._rate[0] if self._rate else (now, self.done_pages)
+        running = self.ready and not self.should_exit
+        scheduler = getattr(self, "scheduler", None)  # set once the engine is loaded
+        return Live(
+            state="stopping" if self.should_exit else "ready" if self.ready else "starting",
+            engine_kind=self.engine.kind if self.engine else self.cfg.engine.kind,
+            engine_model=self.engine.model if self.engine else self.cfg.engine.model,
+            engine_ready=running and self.converter.gate.open.is_set(),
+            pages_done=self.done_pages,
+            pages_per_second=(self.done_pages - n0) / (now - t0) if now > t0 else 0.0,
+            pages_in_flight=self.slots.used if scheduler else 0,
+            queued=scheduler.queued if scheduler else 0,
+            converting=len(scheduler.active) if scheduler else 0,
+            inboxes=tuple(InboxLive(str(p), s.mode, s.available, len(s.tracker),
+                                    s.paused_until > now) for p, s in self.inboxes.items()),
+            version=__version__)
 
     async def _heartbeat(self) -> None:
         interval = (self.notifier.watchdog_seconds or 10.0) / 2

@@ -1,0 +1,187 @@
+"""Page previews for the console's review page: a small JPEG of every page the pipeline
+renders, so a page can be checked against its Markdown after the original was archived
+or deleted. Written off the event loop by one thread, kept within `web.previews_days`
+and `web.previews_max_bytes`.
+
+Layout: `state_dir/previews/<sha256[:2]>/<sha256>/p0001.jpg` — keyed by the document's
+content, so the console finds them from the sidecar's `source.sha256`, and a document
+converted again reuses its folder. Previews are disposable: written without fsync, and
+a page whose preview could not be made (queue full, disk full) just has none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from PIL import Image
+
+from .pages import RenderedPage
+
+log = structlog.get_logger("ocrd.previews")
+
+LONG_SIDE = 1600  # px, the longest side of a preview
+QUALITY = 70  # JPEG
+# Rendered pages waiting for their preview (6–8 MB each at 144 dpi): beyond this, a
+# page gets none rather than holding memory or slowing the conversion.
+QUEUE_PAGES = 4
+SWEEP_SECONDS = 600.0
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def page_name(page_no: int) -> str:
+    return f"p{page_no:04d}.jpg"
+
+
+def encode(page: RenderedPage) -> bytes:
+    """The page as a JPEG whose long side is at most LONG_SIDE."""
+    image = page.to_image()
+    if max(image.size) > LONG_SIDE:
+        # reducing_gap: an integer box reduction first, then the resample (much cheaper
+        # for pages rendered far above the preview size, the same result to the eye)
+        image.thumbnail((LONG_SIDE, LONG_SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=QUALITY)
+    return buf.getvalue()
+
+
+@dataclass
+class PreviewStats:
+    written: int = 0
+    skipped: int = 0  # queue full or write failed
+    bytes_written: int = 0
+    swept_docs: int = 0
+
+
+class Previews:
+    """The store and its writer thread. `page()` is called on the event loop for every
+    rendered page and returns at once."""
+
+    def __init__(self, root: Path, days: float, max_bytes: int,
+                 sweep_seconds: float = SWEEP_SECONDS) -> None:
+        self.root = root
+        self.days = days
+        self.max_bytes = max_bytes
+        self.sweep_seconds = sweep_seconds
+        self.stats = PreviewStats()
+        self._queue: queue.Queue[tuple[str, int, RenderedPage] | None] = queue.Queue(
+            QUEUE_PAGES)
+        self._thread = threading.Thread(target=self._run, name="previews", daemon=True)
+        self._since_sweep = 0
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def folder(self, sha256: str) -> Path | None:
+        """The document's folder; None for anything that is not a sha256 (the only way
+        a name from outside becomes a path here)."""
+        if not _SHA256.fullmatch(sha256):
+            return None
+        return self.root / sha256[:2] / sha256
+
+    def path(self, sha256: str, page_no: int) -> Path | None:
+        folder = self.folder(sha256)
+        return folder / page_name(page_no) if folder is not None and page_no >= 1 else None
+
+    # -- writing -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=5)
+        self._thread.join(timeout=10)
+
+    def page(self, sha256: str | None, page_no: int, page: RenderedPage) -> None:
+        """Queue one rendered page (called where the pipeline renders it)."""
+        if sha256 is None or not page.data:
+            return
+        try:
+            self._queue.put_nowait((sha256, page_no, page))
+        except queue.Full:
+            self.stats.skipped += 1
+
+    def _run(self) -> None:
+        next_sweep = 0.0
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.1, next_sweep - time.monotonic()))
+            except queue.Empty:
+                item = ()  # type: ignore[assignment]
+            if item is None:
+                return
+            if item:
+                self._write(*item)
+            # on a timer, and as soon as a twentieth of the byte limit was written since
+            # the last sweep, so that a burst of conversions cannot overshoot it far
+            if time.monotonic() >= next_sweep or \
+                    self._since_sweep > self.max_bytes // 20:
+                self.sweep()
+                next_sweep = time.monotonic() + self.sweep_seconds
+
+    def _write(self, sha256: str, page_no: int, page: RenderedPage) -> None:
+        path = self.path(sha256, page_no)
+        if path is None:
+            return
+        try:
+            data = encode(page)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".tmp-{page_no}-{threading.get_ident()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            os.utime(path.parent)  # the document's age for retention: last written
+        except (OSError, ValueError) as e:
+            self.stats.skipped += 1
+            log.warning("preview_failed", page=page_no, error=str(e))
+            return
+        self.stats.written += 1
+        self.stats.bytes_written += len(data)
+        self._since_sweep += len(data)
+
+    # -- retention -----------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Remove documents older than `days`, then the oldest until the total is within
+        `max_bytes`. Returns the documents removed."""
+        self._since_sweep = 0
+        docs = []
+        for sub in _dirs(self.root):
+            for doc in _dirs(sub):
+                try:
+                    mtime = doc.stat().st_mtime
+                    size = sum(f.stat().st_size for f in doc.iterdir())
+                except OSError:
+                    continue
+                docs.append((mtime, size, doc))
+        docs.sort()
+        cutoff = time.time() - self.days * 86400
+        total = sum(size for _, size, _ in docs)
+        removed = 0
+        for mtime, size, doc in docs:
+            if mtime >= cutoff and total <= self.max_bytes:
+                break
+            shutil.rmtree(doc, ignore_errors=True)
+            total -= size
+            removed += 1
+        self.stats.swept_docs += removed
+        if removed:
+            log.info("previews_swept", documents=removed, bytes_left=total)
+        return removed
+
+
+def _dirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
