@@ -322,8 +322,8 @@ class WebConfig(_Strict):
     def _token_off_loopback(self) -> WebConfig:
         if not self.loopback and self.token_file is None:
             raise ValueError(f"listen {self.listen!r} is not a loopback address: set "
-                             "token_file (or a systemd credential) so the console needs a "
-                             "token, or listen on 127.0.0.1")
+                             "web.token_file (a file, or a systemd credential's name) so "
+                             "the console needs a token, or listen on 127.0.0.1")
         return self
 
     @property
