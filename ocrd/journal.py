@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_path ON jobs(inbox, relpath);
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished);
+CREATE INDEX IF NOT EXISTS jobs_state_finished ON jobs(state, finished);
 CREATE INDEX IF NOT EXISTS jobs_reason ON jobs(reason);
 """
 
