@@ -279,7 +279,8 @@ def previews(quick: bool) -> list[Result]:
     limit = 4 * 1024**2
     held = _convert(fresh("previews-limit"), docs, {"previews_max_bytes": limit},
                     watch=(OUT / "previews-limit") / "state" / "previews")
-    per_page = {"pages": len(files), "mean_kb": round(statistics.mean(sizes) / 1024, 1),
+    per_page = {"pages": sum(d.pages for d in docs), "with_preview": len(files),
+                "mean_kb": round(statistics.mean(sizes) / 1024, 1),
                 "p95_kb": round(sizes[int(0.95 * (len(sizes) - 1))] / 1024, 1),
                 "max_kb": round(sizes[-1] / 1024, 1),
                 "long_side_px": max(max(d) for d in dims)}

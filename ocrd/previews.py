@@ -33,7 +33,10 @@ LONG_SIDE = 1600  # px, the longest side of a preview
 QUALITY = 70  # JPEG
 # Rendered pages waiting for their preview (6–8 MB each at 144 dpi): beyond this, a
 # page gets none rather than holding memory or slowing the conversion.
-QUEUE_PAGES = 4
+QUEUE_PAGES = 8
+# One writer: on 2 busy cores a second one cost conversion time (bench/console.py);
+# when pages come faster than it writes, the queue fills and pages get no preview.
+WRITERS = 1
 SWEEP_SECONDS = 600.0
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -76,8 +79,10 @@ class Previews:
         self.stats = PreviewStats()
         self._queue: queue.Queue[tuple[str, int, RenderedPage] | None] = queue.Queue(
             QUEUE_PAGES)
-        self._thread = threading.Thread(target=self._run, name="previews", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name=f"previews-{k}", daemon=True)
+                         for k in range(WRITERS)]
         self._since_sweep = 0
+        self._lock = threading.Lock()  # stats and sweeps, shared by the writers
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -96,12 +101,16 @@ class Previews:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=5)
-        self._thread.join(timeout=10)
+        for _ in self._threads:
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=5)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=10)
 
     def page(self, sha256: str | None, page_no: int, page: RenderedPage) -> None:
         """Queue one rendered page (called where the pipeline renders it)."""
@@ -111,6 +120,9 @@ class Previews:
             self._queue.put_nowait((sha256, page_no, page))
         except queue.Full:
             self.stats.skipped += 1
+            if self.stats.skipped % 100 == 1:
+                log.warning("previews_skipped", pages=self.stats.skipped,
+                            why="pages are rendered faster than previews are written")
 
     def _run(self) -> None:
         next_sweep = 0.0
@@ -123,12 +135,14 @@ class Previews:
                 return
             if item:
                 self._write(*item)
-            # on a timer, and as soon as a twentieth of the byte limit was written since
-            # the last sweep, so that a burst of conversions cannot overshoot it far
-            if time.monotonic() >= next_sweep or \
-                    self._since_sweep > self.max_bytes // 20:
-                self.sweep()
-                next_sweep = time.monotonic() + self.sweep_seconds
+            # on a timer, and as soon as 2 % of the byte limit was written since the last
+            # sweep, so that a burst of conversions cannot overshoot it far
+            with self._lock:
+                due = time.monotonic() >= next_sweep or \
+                    self._since_sweep > self.max_bytes // 50
+                if due:
+                    self.sweep()
+                    next_sweep = time.monotonic() + self.sweep_seconds
 
     def _write(self, sha256: str, page_no: int, page: RenderedPage) -> None:
         path = self.path(sha256, page_no)
@@ -145,9 +159,10 @@ class Previews:
             self.stats.skipped += 1
             log.warning("preview_failed", page=page_no, error=str(e))
             return
-        self.stats.written += 1
-        self.stats.bytes_written += len(data)
-        self._since_sweep += len(data)
+        with self._lock:
+            self.stats.written += 1
+            self.stats.bytes_written += len(data)
+            self._since_sweep += len(data)
 
     # -- retention -----------------------------------------------------------------------
 
@@ -167,9 +182,12 @@ class Previews:
         docs.sort()
         cutoff = time.time() - self.days * 86400
         total = sum(size for _, size, _ in docs)
+        # over the limit: down to 90 % of it, so that writing goes on for a while before
+        # the next sweep instead of hovering at the limit
+        keep = self.max_bytes * 0.9 if total > self.max_bytes else self.max_bytes
         removed = 0
         for mtime, size, doc in docs:
-            if mtime >= cutoff and total <= self.max_bytes:
+            if mtime >= cutoff and total <= keep:
                 break
             shutil.rmtree(doc, ignore_errors=True)
             total -= size

@@ -42,7 +42,7 @@ def test_writer_thread_writes_and_a_full_queue_skips(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 5
     assert p.stats.skipped == 2
     p.start()
-    wait_for(lambda: p.stats.written == QUEUE_PAGES, 30, "previews written")
+    wait_for(lambda: p.stats.written == QUEUE_PAGES, 120, "previews written")
     p.stop()
     assert sorted(f.name for f in p.folder(sha).iterdir()) == \
         [f"p{n:04d}.jpg" for n in range(1, QUEUE_PAGES + 1)]
@@ -63,8 +63,11 @@ def test_sweep_keeps_days_and_bytes(tmp_path: Path) -> None:
     root = tmp_path / "previews"
     old = _doc(root, 1, 100, 40)
     docs = [_doc(root, k, 1000, 10 - k) for k in range(2, 8)]  # oldest first
-    p = Previews(root, days=30, max_bytes=3500)
-    assert p.sweep() == 1 + 3
+    p = Previews(root, days=30, max_bytes=3300)
+    # over the limit: the expired one, then the oldest down to 90 % of the limit
+    assert p.sweep() == 1 + 4
     assert not old.exists()
-    assert [d.exists() for d in docs] == [False, False, False, True, True, True]
+    assert [d.exists() for d in docs] == [False, False, False, False, True, True]
+    assert p.sweep() == 0
+    _doc(root, 9, 1000, 0)  # 3000 bytes: within the limit, nothing goes
     assert p.sweep() == 0
