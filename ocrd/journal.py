@@ -204,6 +204,16 @@ class Journal:
         sql, args = where.sql()
         return int(self.db.execute(f"SELECT COUNT(*) FROM jobs {sql}", args).fetchone()[0])
 
+    def open_by_inbox(self) -> dict[str, dict[str, int]]:
+        """Per inbox, its unfinished rows by state (claimed, converting …)."""
+        marks = ",".join("?" * len(OPEN_STATES))
+        out: dict[str, dict[str, int]] = {}
+        for inbox, state, n in self.db.execute(
+                f"SELECT inbox, state, COUNT(*) FROM jobs WHERE state IN ({marks}) "
+                "GROUP BY inbox, state", OPEN_STATES):
+            out.setdefault(from_db(inbox), {})[state] = int(n)
+        return out
+
     def failures_by_reason(self) -> dict[str, int]:
         return dict(self.db.execute(
             "SELECT reason, COUNT(*) FROM jobs WHERE state='failed' GROUP BY reason"))

@@ -27,7 +27,7 @@ from . import __version__, errors, markdown, names, outbox, pages
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
-from .previews import Previews
+from .previews import Previews, render_with_preview
 from .schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
@@ -182,10 +182,12 @@ class Converter:
             self.pending -= 1
             self._progress()
 
-        async def render(i: int) -> pages.RenderedPage:
+        async def render(i: int, first: bool = False) -> pages.RenderedPage:
+            # a page's first rendering also makes the console's preview, in the worker
+            fn = render_with_preview if first and self.previews is not None \
+                else pages.render_page
             return await self.pool.call(
-                pages.render_page, str(src.path), info, i, self.cfg.render.dpi,
-                self.cfg.limits.max_pixels)
+                fn, str(src.path), info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
 
         # Grounding output is cropped for figures afterwards, so its engine's pages keep
         # their image; other pages are held here only until the engine takes them.
@@ -198,7 +200,7 @@ class Converter:
             held = True
             try:
                 t = time.time()
-                rendered = await render(i)
+                rendered = await render(i, first=True)
                 render_s = time.time() - t
                 if self.previews is not None:
                     self.previews.page(src.sha256, i + 1, rendered)  # queued, not waited for

@@ -804,7 +804,7 @@ class Daemon:
             pages_in_flight=self.slots.used if scheduler else 0,
             queued=scheduler.queued if scheduler else 0,
             converting=len(scheduler.active) if scheduler else 0,
-            inboxes=tuple(InboxLive(str(p), s.mode, s.available, len(s.tracker),
+            inboxes=tuple(InboxLive(names.shown(str(p)), s.mode, s.available, len(s.tracker),
                                     s.paused_until > now) for p, s in self.inboxes.items()),
             version=__version__)
 

@@ -67,8 +67,8 @@ class Site:
 def build(root: Path, web: dict | None = None, start: bool = True) -> Site:
     """Two inboxes (a, b), each with outbox/failed/archive; in the journal: a converted
     file of `a` (with figure, previews, archived original), a failed file of `a`, a
-    converted file of `b`, a row of an inbox no longer configured, and a row of `a`
-    whose output points into `b`'s outbox."""
+    converted file of `b`, a failed and a converted row of an inbox no longer
+    configured, and a row of `a` whose output points into `b`'s outbox."""
     inboxes = []
     for name in ("a", "b"):
         base = root / name
@@ -91,6 +91,11 @@ def build(root: Path, web: dict | None = None, start: bool = True) -> Site:
     journal.claimed(gone)
     journal.failed(gone, "engine_failed", "the engine failed", str(root / "gone" / "x.pdf"))
     site.ids["unknown_inbox"] = gone
+    # converted once from an inbox since removed, its output now a's (a real file)
+    gone_done = journal.begin_claim(str(root / "gone" / "inbox"), "sub/report.pdf", "", 10, 1)
+    journal.claimed(gone_done)
+    journal.done(gone_done, str(a.outbox / "sub" / "report.md"), None, pages=2, degraded=0)
+    site.ids["unknown_inbox_done"] = gone_done
     cross = journal.begin_claim(str(a.path), "cross.pdf", "", 10, 1)
     journal.claimed(cross)
     journal.done(cross, str(b.outbox / "theirs.md"), None, pages=1, degraded=0)

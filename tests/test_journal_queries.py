@@ -41,6 +41,7 @@ def test_filters_by_state_inbox_and_name(tmp_path: Path) -> None:
     assert j.count(FileFilter(inbox="/in")) == 5
     assert [x.id for x in j.find(FileFilter(), limit=2, offset=2)] == [4, 3]
     assert j.failures_by_reason() == {"encrypted": 1}
+    assert j.open_by_inbox() == {"/in": {"claimed": 1}, "/other": {"claimed": 1}}
     assert j.recent("done", 1)[0].id == 3
 
 

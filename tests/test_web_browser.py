@@ -165,7 +165,8 @@ class FakeServer:
         self.thread.join(10)
 
 
-XSS = ("<|ref|>text<|/ref|><|det|>[[20, 20, 900, 120]]<|/det|>\n"
+XSS = ("<|ref|>image<|/ref|><|det|>[[80, 60, 600, 300]]<|/det|>\n"
+       "<|ref|>text<|/ref|><|det|>[[20, 20, 900, 120]]<|/det|>\n"
        "Invoice total <script>document.title='pwned'; window.ocrdXss = 1;</script> due\n\n"
        "<img src=x onerror=\"document.title='pwned-img'; window.ocrdXss = 2;\">\n\n"
        "<table><tr><td onmouseover=\"window.ocrdXss = 3\">cell</td></tr></table>\n\n"
@@ -206,6 +207,14 @@ def test_script_in_model_output_is_shown_as_text_and_never_runs(browser, tmp_pat
             ".markdown [onmouseover]').length;") == 0
         assert browser.execute_script("return window.ocrdXss === undefined;")
         assert "pwned" not in browser.title
+        # the page's figure crop, in place in the Markdown, served by the console
+        figure = browser.find_element(By.CSS_SELECTOR, "#page-1 .markdown img.figure")
+        browser.execute_script("arguments[0].scrollIntoView();", figure)
+        wait_for(lambda: browser.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth > 0;", figure), 10,
+            "figure loaded")
+        assert (daemon.outbox / "hostile.assets" / "p0001-1.png").exists()
+        browser.execute_script("window.scrollTo(0, 0);")
         shot(browser, "review-hostile")
     finally:
         daemon.stop()

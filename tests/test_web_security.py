@@ -73,9 +73,11 @@ def test_files_of_a_row_are_served_only_through_the_row(site) -> None:
 
 def test_rows_of_other_inboxes_serve_nothing(site) -> None:
     # a row whose inbox is no longer configured
-    gone = site.ids["unknown_inbox"]
-    for path in (f"/files/{gone}", f"/api/files/{gone}", f"/files/{gone}/download/original"):
-        assert site.get(path)[0] == 404, path
+    for gone in (site.ids["unknown_inbox"], site.ids["unknown_inbox_done"]):
+        for path in (f"/files/{gone}", f"/api/files/{gone}", f"/files/{gone}/download/md",
+                     f"/files/{gone}/download/json", f"/files/{gone}/download/original",
+                     f"/files/{gone}/assets/p0001-1.png", f"/files/{gone}/pages/1.jpg"):
+            assert site.get(path)[0] == 404, path
     # a row of inbox a whose output lies in inbox b's outbox: not a's folder, refused
     cross = site.ids["cross"]
     for kind in ("md", "json", "original"):

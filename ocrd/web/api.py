@@ -90,7 +90,7 @@ def file(request: Request) -> Response:
     summary: One file - the journal's facts and the sidecar (null until converted).
     responses:
       200: {description: "{file, sidecar, links}"}
-      404: {description: no such file, or its inbox is not configured}
+      404: {description: "no such file, or its inbox is not configured"}
     """
     ctx: Context = request.app.state.ctx
     job_id = request.path_params["id"]
@@ -142,7 +142,7 @@ async def retry(ctx: Context, job_id: int) -> tuple[bool, str]:
 
 
 def openapi(request: Request) -> Response:
-    return schemas.OpenAPIResponse(request=request)
+    return JSONResponse(schemas.get_schema(routes=request.app.routes))
 
 
 def routes() -> list[Route]:

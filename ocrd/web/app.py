@@ -86,8 +86,12 @@ def _live_context(ctx: Context) -> dict:
     buckets = journal.pages_per_bucket(since, CHART_BUCKET)
     bars = [buckets.get(int(since + k * CHART_BUCKET), 0) / CHART_BUCKET
             for k in range(CHART_HOURS * 3600 // CHART_BUCKET)]
+    per_inbox = {shown(inbox): {"queued": n.get("claiming", 0) + n.get("claimed", 0),
+                                "converting": n.get("converting", 0) + n.get("finishing", 0)}
+                 for inbox, n in journal.open_by_inbox().items()}
     return {
         "live": ctx.live(),
+        "per_inbox": per_inbox,
         "counts": journal.counts(),
         "recent_done": [job_facts(j) for j in journal.recent("done", 10)],
         "recent_failed": [job_facts(j) for j in journal.recent("failed", 10)],

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class InboxLive:
-    path: str
+    path: str  # as shown (valid UTF-8: ocrd/names.py)
     watch: str  # inotify | polling
     available: bool  # the folder is there (a share may be unmounted)
     waiting: int  # files seen in the inbox, not yet ready
