@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.cases import SIMULATED, Doc, Result, _log, fresh, saturation_docs
-from bench.harness import OUT, DaemonProcess, daemon_config, drop_file, wait_for
+from bench.harness import OUT, DaemonProcess, daemon_config, drop_file, pdf_bytes, wait_for
 
 ROWS = 100_000
+TESSERACT = {"kind": "tesseract"}
 P95_TARGET_MS = 300.0
 QUERIES = [
     "/files", "/files?state=failed", "/files?state=degraded", "/files?q=scan_09999",
@@ -162,11 +163,11 @@ class Poller:
 
 
 def _convert(root: Path, docs: list[Doc], web: dict, poll: bool = False,
-             watch: Path | None = None) -> dict:
+             watch: Path | None = None, engine: dict | None = None) -> dict:
     """Drop the documents at once into a fresh daemon; pages/s from the first byte to
     the last Markdown file. `watch`: a folder whose size is sampled meanwhile."""
     port = _free_port()
-    cfg = daemon_config(root, SIMULATED)
+    cfg = daemon_config(root, engine or SIMULATED)
     cfg["web"] = {"listen": f"127.0.0.1:{port}", **web}
     sizes: list[int] = []
     with DaemonProcess(root, cfg).start() as d:
@@ -264,11 +265,38 @@ def console_polling(quick: bool) -> list[Result]:
                    {"idle": idle, "polled": polled})]
 
 
+def _render_cost(docs: list[Doc], rounds: int = 3) -> dict:
+    """Seconds per page of pages.render_page and of render_with_preview, in this process,
+    page by page in turns (the best of `rounds` for each page and each side)."""
+    from ocrd import pages
+    from ocrd.previews import render_with_preview
+
+    root = fresh("previews-render")
+    plain: list[float] = []
+    with_preview: list[float] = []
+    for doc in docs:
+        path = root / doc.name
+        path.write_bytes(doc.data)
+        info = pages.probe(str(path), 144, 10_000, 2**31, 200_000_000)
+        for i in range(info.pages):
+            best = {pages.render_page: 1e9, render_with_preview: 1e9}
+            for _ in range(rounds):
+                for fn in best:
+                    t0 = time.perf_counter()
+                    fn(str(path), info, i, 144, 200_000_000)
+                    best[fn] = min(best[fn], time.perf_counter() - t0)
+            plain.append(best[pages.render_page])
+            with_preview.append(best[render_with_preview])
+        pages.forget(str(path))
+    return {"pages": len(plain), "render_ms": round(1000 * statistics.mean(plain), 2),
+            "render_with_preview_ms": round(1000 * statistics.mean(with_preview), 2)}
+
+
 def previews(quick: bool) -> list[Result]:
     """Page previews: conversion with them ÷ without (the time they cost), their size
     per page, and the byte limit holding while far more is written than it allows."""
     docs = saturation_docs(quick)
-    off, on = _alternating("previews", docs, 2 if quick else 3,
+    off, on = _alternating("previews", docs, 3,
                            {"web": {"previews": False}}, {"web": {"previews": True}})
     store = (OUT / "previews-b0") / "state" / "previews"
     files = list(store.rglob("*.jpg"))
@@ -286,11 +314,24 @@ def previews(quick: bool) -> list[Result]:
                 "long_side_px": max(max(d) for d in dims)}
     _log(f"  previews: {per_page}; limit {limit} B: max seen {held['max_bytes_seen']} B, "
          f"final {held['final_bytes']} B")
+    # the CPU engine: tesseract takes the cores, previews come on top
+    few = [Doc(f"t{i}.pdf", pdf_bytes(n, i * 5), n, i * 5) for i, n in enumerate([1, 4, 2, 3])]
+    tess_off, tess_on = _alternating("previews-tesseract", few, 2,
+                                     {"web": {"previews": False}, "engine": TESSERACT},
+                                     {"web": {"previews": True}, "engine": TESSERACT})
+    cost = _render_cost(docs[:6])
+    _log(f"  render alone {cost['render_ms']} ms/page, with the preview "
+         f"{cost['render_with_preview_ms']} ms/page")
     best_off = max(r["pages_per_s"] for r in off)
     best_on = max(r["pages_per_s"] for r in on)
     return [
         Result("previews_on_vs_off_throughput", best_on / best_off, 0.98, ">=",
                {"off": off, "on": on, "per_page": per_page}),
+        Result("previews_on_vs_off_tesseract", max(r["pages_per_s"] for r in tess_on) /
+               max(r["pages_per_s"] for r in tess_off), 0.98, ">=",
+               {"off": tess_off, "on": tess_on}),
+        Result("previews_render_time_vs_plain", cost["render_with_preview_ms"] /
+               cost["render_ms"], 1.5, "<=", cost),
         Result("previews_bytes_vs_limit", held["max_bytes_seen"] / limit, 1.05, "<=",
                {"limit": limit, "run": held, "per_page": per_page}),
     ]
