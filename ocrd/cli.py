@@ -211,7 +211,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
-    from . import errors, outbox, pages
+    from . import errors, outbox, pages, safefs
     from .engines import create_engine
     from .pipeline import Converter, Source
     from .schedule import FairSlots
@@ -232,11 +232,17 @@ async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
 
     async def one(path: Path) -> None:
         async with limit:
-            real = path.resolve()
-            src = Source(real, path.name, prompt_mode=args.prompt)
             t0 = time.monotonic()
             try:
-                written = await converter.convert(src, args.output, perms)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:
+                failures.append(errors.Unreadable(f"cannot open the file: {e.strerror}"))
+                progress.done(path, f"FAILED [unreadable] {e.strerror}")
+                return
+            src = Source(fd, path.name, prompt_mode=args.prompt)
+            try:
+                with safefs.Dir.open_root(args.output, create=True) as out:
+                    written = await converter.convert(src, out, perms)
             except OcrdError as e:
                 failures.append(e)
                 progress.done(path, f"FAILED [{e.reason}] {e}")
@@ -249,9 +255,11 @@ async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
                 failures.append(errors.OutputFailed(f"cannot write the result: {e}"))
                 progress.done(path, f"FAILED [output_failed] {e}")
                 return
+            finally:
+                os.close(fd)
             n = written.meta["page_count"]
-            progress.done(path, f"ok → {written.markdown} ({n} page{'s' * (n != 1)}, "
-                          f"{time.monotonic() - t0:.1f} s)")
+            progress.done(path, f"ok → {written.folder / written.markdown} "
+                          f"({n} page{'s' * (n != 1)}, {time.monotonic() - t0:.1f} s)")
 
     try:
         args.output.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,14 @@ resolved at start.
 
 from __future__ import annotations
 
+import functools
+import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .names import from_db, shown, to_db
 
@@ -51,6 +55,44 @@ OPEN_STATES = ("claiming", "claimed", "converting", "finishing")
 # then comes in again as a new row.
 RETRIED = "retried"
 
+# SQLite's answers that mean the state folder cannot take writes now (full, read-only,
+# gone, I/O errors): not a file's fault, nothing to fail a file for. The daemon backs
+# off and tries again.
+_UNWRITABLE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN",
+               "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL")
+_CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+class JournalUnwritable(OSError):
+    """The journal cannot be written right now (state folder full, read-only …)."""
+
+
+class JournalCorrupt(Exception):
+    """The journal file is damaged (not a database, malformed)."""
+
+
+def _translate(e: sqlite3.Error) -> Exception:
+    name = getattr(e, "sqlite_errorname", "") or ""
+    text = str(e)
+    if name.startswith(_CORRUPT) or "not a database" in text or "malformed" in text:
+        return JournalCorrupt(text)
+    if name.startswith(_UNWRITABLE) or isinstance(e, sqlite3.OperationalError):
+        return JournalUnwritable(text)
+    return e
+
+
+T = TypeVar("T")
+
+
+def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> T:
+        try:
+            return fn(*args, **kw)
+        except sqlite3.Error as e:
+            raise _translate(e) from e
+    return wrapper
+
 
 @dataclass
 class Job:
@@ -78,6 +120,10 @@ _COLUMNS = ("id, inbox, relpath, claim_path, size, mtime_ns, state, attempts, sh
 
 
 class Journal:
+    """Every method raises JournalUnwritable when the state folder cannot take the
+    write now, JournalCorrupt when the file is damaged."""
+
+    @_guarded
     def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
         if readonly:
@@ -89,7 +135,15 @@ class Journal:
             # FULL: a claim that returned must survive a power cut, or the claimed file
             # would sit in the work area with no row pointing at it.
             self.db.execute("PRAGMA synchronous=FULL")
+            # A small WAL, truncated after checkpoints: a state folder on a small
+            # partition must not fill up with a 4 MB log of a few hundred rows.
+            self.db.execute("PRAGMA wal_autocheckpoint=16")
+            self.db.execute("PRAGMA journal_size_limit=65536")
             self.db.executescript(SCHEMA)
+            ok = self.db.execute("PRAGMA quick_check").fetchone()
+            if not ok or ok[0] != "ok":
+                self.db.close()
+                raise JournalCorrupt(f"integrity check: {ok[0] if ok else 'no answer'}")
             have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
             for name, kind in _ADDED_COLUMNS.items():
                 if name not in have:
@@ -98,6 +152,29 @@ class Journal:
         have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
         self._columns = _COLUMNS + "".join(
             f", {name}" if name in have else f", NULL AS {name}" for name in _ADDED_COLUMNS)
+
+    @classmethod
+    def open_or_set_aside(cls, path: Path) -> tuple[Journal, str | None]:
+        """The journal at path; a damaged one is renamed aside (path.corrupt-TIME, with
+        its -wal/-shm) and a new one started. Returns (journal, the aside name or None)."""
+        try:
+            return cls(path), None
+        except JournalCorrupt:
+            pass
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            src = path.with_name(path.name + suffix)
+            if src.exists():
+                os.replace(src, aside.with_name(aside.name + suffix))
+        return cls(path), aside.name
+
+    def make_room(self) -> None:
+        """After a 'disk full': fold the WAL into the database and truncate it, which
+        gives back the space the log held (errors ignored: it is an attempt)."""
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass
 
     def close(self) -> None:
         self.db.close()
@@ -111,6 +188,7 @@ class Journal:
 
     # -- claims ---------------------------------------------------------------------
 
+    @_guarded
     def begin_claim(self, inbox: str, relpath: str, claim_path: str, size: int,
                     mtime_ns: int) -> int:
         cur = self.db.execute(
@@ -119,15 +197,19 @@ class Journal:
             (to_db(inbox), to_db(relpath), to_db(claim_path), size, mtime_ns, time.time()))
         return int(cur.lastrowid or 0)
 
+    @_guarded
     def set_claim_path(self, job_id: int, claim_path: str) -> None:
         self.db.execute("UPDATE jobs SET claim_path=? WHERE id=?", (to_db(claim_path), job_id))
 
+    @_guarded
     def claimed(self, job_id: int) -> None:
         self.db.execute("UPDATE jobs SET state='claimed' WHERE id=?", (job_id,))
 
+    @_guarded
     def drop(self, job_id: int) -> None:
         self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
 
+    @_guarded
     def start(self, job_id: int) -> int:
         """Mark a job converting and count the attempt; returns the attempt number."""
         self.db.execute(
@@ -136,17 +218,20 @@ class Journal:
         row = self.db.execute("SELECT attempts FROM jobs WHERE id=?", (job_id,)).fetchone()
         return int(row[0]) if row else 0
 
+    @_guarded
     def requeue(self, job_id: int) -> None:
         """Back to the queue without counting the attempt (engine away, drain)."""
         self.db.execute(
             "UPDATE jobs SET state='claimed', attempts=MAX(attempts-1, 0) WHERE id=?",
             (job_id,))
 
+    @_guarded
     def finishing(self, job_id: int, output: str) -> None:
         """Outputs are durable; what is left is archiving/deleting the original."""
         self.db.execute("UPDATE jobs SET state='finishing', output=? WHERE id=?",
                         (to_db(output), job_id))
 
+    @_guarded
     def done(self, job_id: int, output: str, kept_relpath: str | None,
              pages: int | None = None, degraded: int | None = None) -> None:
         """Finished. With on_success=keep, the original is back in the inbox under
@@ -163,6 +248,7 @@ class Journal:
                 "pages=COALESCE(?, pages), degraded=COALESCE(?, degraded) WHERE id=?",
                 (to_db(output), to_db(kept_relpath), time.time(), pages, degraded, job_id))
 
+    @_guarded
     def failed(self, job_id: int, reason: str, message: str, output: str) -> None:
         self.db.execute(
             "UPDATE jobs SET state='failed', reason=?, message=?, output=?, finished=? "
@@ -170,13 +256,16 @@ class Journal:
 
     # -- queries --------------------------------------------------------------------
 
+    @_guarded
     def get(self, job_id: int) -> Job | None:
         return self._one("WHERE id=?", job_id)
 
+    @_guarded
     def open_jobs(self) -> list[Job]:
         marks = ",".join("?" * len(OPEN_STATES))
         return self._many(f"WHERE state IN ({marks}) ORDER BY id", *OPEN_STATES)
 
+    @_guarded
     def is_kept(self, inbox: str, relpath: str, size: int, mtime_ns: int) -> bool:
         """A file converted with on_success=keep, still unchanged in its inbox."""
         row = self.db.execute(
@@ -185,9 +274,18 @@ class Journal:
             (to_db(inbox), to_db(relpath), size, mtime_ns)).fetchone()
         return row is not None
 
+    @_guarded
+    @_guarded
+    def relpath_known(self, inbox: str, claim_path: str) -> bool:
+        """A row (of any state) names this claim path."""
+        row = self.db.execute("SELECT 1 FROM jobs WHERE inbox=? AND claim_path=? LIMIT 1",
+                              (to_db(inbox), to_db(claim_path))).fetchone()
+        return row is not None
+
     def counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
 
+    @_guarded
     def recent_failures(self, limit: int = 10) -> list[Job]:
         return self._many("WHERE state='failed' ORDER BY finished DESC LIMIT ?", limit)
 
@@ -231,6 +329,7 @@ class Journal:
 
     # -- retry --------------------------------------------------------------------------
 
+    @_guarded
     def mark_retried(self, job_id: int, put_back: str) -> bool:
         """A failed row whose original is back in its inbox as `put_back`; False when
         the row is not (or no longer) failed."""

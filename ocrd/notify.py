@@ -11,6 +11,7 @@ away (those pages are not in the engine).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -102,3 +103,41 @@ class Liveness:
 
     def seconds_since_loop(self) -> float:
         return self.clock() - self.loop_at
+
+
+class Heartbeat:
+    """Every few seconds: WATCHDOG=1 while live (else a `stalled` line saying why), and
+    a STATUS= line with the queue, pages in flight and pages/s over the last minute."""
+
+    def __init__(self, notifier: Notifier, liveness: Liveness,
+                 pages_done: Callable[[], int], status: Callable[[float], str]) -> None:
+        self.notifier = notifier
+        self.liveness = liveness
+        self.pages_done = pages_done
+        self.status = status
+        self._rate: list[tuple[float, int]] = []
+
+    def rate(self, now: float) -> float:
+        """Pages per second over the last minute."""
+        self._rate.append((now, self.pages_done()))
+        self._rate = [(t, n) for t, n in self._rate if now - t <= 60]
+        t0, n0 = self._rate[0]
+        return (self._rate[-1][1] - n0) / (now - t0) if now > t0 else 0.0
+
+    async def run(self) -> None:
+        interval = min((self.notifier.watchdog_seconds or 10.0) / 2, 5.0)
+        last_status = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            problem = self.liveness.problem()
+            if problem is None:
+                if self.notifier.watchdog_seconds:
+                    self.notifier.send("WATCHDOG=1")
+            else:
+                log.error("stalled", why=problem, in_engine=self.liveness.in_engine,
+                          seconds_since_loop=round(self.liveness.seconds_since_loop(), 1))
+            now = time.monotonic()
+            rate = self.rate(now)
+            if now - last_status >= 5:
+                last_status = now
+                self.notifier.send(f"STATUS={self.status(rate)}")

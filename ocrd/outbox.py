@@ -1,10 +1,12 @@
-"""Writing results: atomic files, mirrored folders, collision-safe names, permissions,
-and moving originals to the archive or the failed folder.
+"""Writing into ocrd's destination folders (outbox, archive, failed): atomic files,
+mirrored subfolders, collision-safe names, permissions.
 
-Every write goes to a temporary name in the destination folder, is fsynced, and is
-renamed into place, so a reader never sees a partial file. Every destination path is
-built from a configured root plus the file's path relative to its inbox, and checked to
-stay inside that root whatever the file is called.
+Everything works on open folders (`safefs.Dir`): a write goes to a temporary name made
+with O_EXCL, is fsynced, and gets its final name with a rename that replaces only where
+the caller knows the old entry is ocrd's own (the same document's earlier result). Moving
+an original in never replaces anything (`move_unique`). A mirrored subfolder whose name
+is taken by something that is not a folder gets the next free name (`x-2/`) instead of
+blocking the file.
 """
 
 from __future__ import annotations
@@ -15,24 +17,27 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
+import stat
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from . import names
+from .safefs import Blocked, Dir
 
 NAME_MAX = 255
 TMP_PREFIX = ".ocrd-tmp-"
-
-
-class UnsafePath(Exception):
-    """A relative path that would leave its root."""
+ERROR_SUFFIX = ".error.json"
+# an output base name leaves room for its longest file suffix (.json); the assets
+# folder's name is fitted on its own (assets_name)
+OUTPUT_RESERVE = len(".json")
 
 
 @dataclass(frozen=True)
 class Perms:
+    """How ocrd's outputs are made on a destination: modes, group, temporary names."""
+
     file_mode: int = 0o644
     dir_mode: int = 0o755
     gid: int | None = None
@@ -44,24 +49,10 @@ class Perms:
         return f"{TMP_PREFIX}{self.tag}-{secrets.token_hex(4)}-{fit_name(final, '', 40)}"
 
 
-def safe_join(root: Path, relpath: str) -> Path:
-    """root/relpath, refusing absolute paths, `..` and empty components."""
-    parts = PurePosixPath(relpath).parts
-    if not parts or PurePosixPath(relpath).is_absolute():
-        raise UnsafePath(f"not a relative path: {relpath!r}")
-    for part in parts:
-        if part in ("", ".", "..") or "/" in part or "\0" in part:
-            raise UnsafePath(f"unsafe path component {part!r} in {relpath!r}")
-    path = root.joinpath(*parts)
-    if os.path.commonpath([os.path.abspath(root), os.path.abspath(path)]) != \
-            os.path.abspath(root):
-        raise UnsafePath(f"{relpath!r} leaves {root}")
-    return path
-
-
 def fit_name(stem: str, suffix: str, reserve: int = 0) -> str:
-    """stem+suffix, shortened so that it (plus `reserve` bytes for temp prefixes and
-    longer siblings like `.error.json`) fits in one file name."""
+    """stem+suffix, shortened so that it (plus `reserve` bytes for longer siblings such
+    as `.error.json`) fits in one file name; a hash of the whole stem keeps shortened
+    names apart."""
     limit = NAME_MAX - reserve
     name = stem + suffix
     if names.nbytes(name) <= limit:
@@ -77,158 +68,161 @@ def fit_name(stem: str, suffix: str, reserve: int = 0) -> str:
     return f"{short}~{digest}{suffix}"
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def split_ext(name: str) -> tuple[str, str]:
+    """('scan', '.pdf') for 'scan.pdf'; a dotfile or a name without a dot has no ext."""
+    stem, dot, ext = name.rpartition(".")
+    if not dot or not stem:
+        return name, ""
+    return stem, "." + ext
+
+
+def assets_name(base: str) -> str:
+    return fit_name(base, ".assets")
+
+
+def unique_names(stem: str, suffix: str, reserve: int = 0) -> Iterator[str]:
+    """stem+suffix, then stem-2+suffix, stem-3+suffix, ... (each fitted to NAME_MAX)."""
+    yield fit_name(stem, suffix, reserve)
+    n = 2
+    while True:
+        yield fit_name(f"{stem}-{n}", suffix, reserve)
+        n += 1
+
+
+# -- folders ------------------------------------------------------------------------------
+
+
+def mirror(root: Dir, parts: tuple[str, ...], perms: Perms) -> tuple[Dir, tuple[str, ...]]:
+    """The folder root/parts, created with the configured mode and group. A component
+    whose name is taken by a file (or a link, a device …) becomes the first free or
+    existing folder among name-2, name-3 …: the file is not blocked, and nothing is
+    followed. Returns the folder and the parts actually used."""
+    cur = root.walk(())
+    used: list[str] = []
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        for part in parts:
+            for candidate in _folder_names(part):
+                try:
+                    nxt = cur.mkdir(candidate, perms.dir_mode, perms.gid)
+                except Blocked:
+                    continue
+                break
+            cur.close()
+            cur = nxt
+            used.append(candidate)
+    except BaseException:
+        cur.close()
+        raise
+    return cur, tuple(used)
 
 
-def makedirs(root: Path, sub: PurePosixPath | None, perms: Perms) -> Path:
-    """Create root/sub (mirrored inbox subfolders) with the configured mode and group."""
-    if sub is not None and sub.parts:
-        safe_join(root, sub.as_posix())  # never outside root, whatever a folder is called
-    root.mkdir(parents=True, exist_ok=True)
-    path = root
-    for part in (sub.parts if sub else ()):
-        path = path / part
-        try:
-            os.mkdir(path, perms.dir_mode)
-        except FileExistsError:
-            continue
-        _apply(path, perms.dir_mode, perms.gid)
-    return path
+def _folder_names(part: str) -> Iterator[str]:
+    yield part
+    n = 2
+    while True:
+        yield fit_name(f"{part}-{n}", "")
+        n += 1
 
 
-def _apply(path: Path | int, mode: int, gid: int | None) -> None:
-    if isinstance(path, int):
-        os.fchmod(path, mode)
-        if gid is not None:
-            os.fchown(path, -1, gid)
-    else:
-        os.chmod(path, mode)
-        if gid is not None:
-            os.chown(path, -1, gid)
+# -- files --------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path, data: bytes, perms: Perms) -> None:
-    tmp = path.with_name(perms.tmp_name(path.name))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
+def write_atomic(folder: Dir, name: str, data: bytes, perms: Perms,
+                 replace: bool = True) -> None:
+    """name in folder holds data, whole or not at all. replace=False: only if the name
+    is free (FileExistsError otherwise)."""
+    tmp = perms.tmp_name(name)
+    fd = folder.create(tmp)
     try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(data)
-            f.flush()
-        _apply(fd, perms.file_mode, perms.gid)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, perms.file_mode)
+        if perms.gid is not None:
+            os.fchown(fd, -1, perms.gid)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            folder.unlink(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, path)
-
-
-def write_dir_atomic(path: Path, files: Iterable[tuple[str, bytes]], perms: Perms) -> None:
-    """A folder of files that appears whole: built under a temporary name, then renamed.
-    An existing folder of the same name (an earlier run of the same document) is
-    replaced."""
-    tmp = path.with_name(perms.tmp_name(path.name))
-    os.mkdir(tmp, 0o700)
     try:
-        for name, data in files:
-            write_atomic(tmp / name, data, perms)
-        _apply(tmp, perms.dir_mode, perms.gid)
-        fsync_dir(tmp)
-        if path.exists():
-            old = path.with_name(perms.tmp_name("old"))
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        folder.rename(tmp, folder, name, replace=replace)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.unlink(tmp)
         raise
 
 
-def remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-
-
-def move_file(src: Path, dest: Path, perms: Perms | None = None) -> None:
-    """Rename src to dest (dest must not exist); across filesystems, copy durably and
-    then remove the source. Never follows a symlink."""
+def move_file(src: Dir, name: str, dest: Dir, new: str, perms: Perms | None = None) -> None:
+    """Move the entry src/name to dest/new, which must not exist (FileExistsError); the
+    entry itself, never what a link points to. Across filesystems, copied durably first."""
     try:
-        os.link(src, dest, follow_symlinks=False)
+        src.rename(name, dest, new)
     except OSError as e:
-        if e.errno == errno.EXDEV:
-            _copy_then_remove(src, dest, perms)
-            return
-        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP):
+        if e.errno != errno.EXDEV:
             raise
-        # Filesystems without hard links (some SMB/FUSE mounts): rename, after checking
-        # that nothing would be replaced.
-        if os.path.lexists(dest):
-            raise FileExistsError(errno.EEXIST, "exists", str(dest)) from None
-        os.rename(src, dest)
-        return
-    # link+unlink instead of rename: rename would silently replace an existing dest.
-    os.unlink(src)
+        _copy_then_remove(src, name, dest, new, perms or Perms())
 
 
-def _copy_then_remove(src: Path, dest: Path, perms: Perms | None) -> None:
-    tmp = dest.with_name((perms or Perms()).tmp_name(dest.name))
-    fd_in = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _copy_then_remove(src: Dir, name: str, dest: Dir, new: str, perms: Perms) -> None:
+    fd_in = src.open_file(name)
+    tmp = perms.tmp_name(new)
     try:
-        fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd_out = dest.create(tmp)
         try:
-            while True:
-                chunk = os.read(fd_in, 1 << 20)
-                if not chunk:
-                    break
+            while chunk := os.read(fd_in, 1 << 20):
                 os.write(fd_out, chunk)
-            if perms is not None:
-                _apply(fd_out, perms.file_mode, perms.gid)
+            os.fchmod(fd_out, perms.file_mode)
+            if perms.gid is not None:
+                os.fchown(fd_out, -1, perms.gid)
             os.fsync(fd_out)
         finally:
             os.close(fd_out)
+        dest.rename(tmp, dest, new)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            dest.unlink(tmp)
+        raise
     finally:
         os.close(fd_in)
-    try:
-        os.link(tmp, dest)
-    finally:
-        os.unlink(tmp)
-    os.unlink(src)
+    src.unlink(name)
 
 
-def unique_names(directory: Path, stem: str, suffix: str) -> Iterator[str]:
-    """stem+suffix, then stem-2+suffix, stem-3+suffix, ... (each fitted to NAME_MAX)."""
-    yield fit_name(stem, suffix, reserve=40)
-    n = 2
-    while True:
-        yield fit_name(f"{stem}-{n}", suffix, reserve=40)
-        n += 1
-
-
-def move_unique(src: Path, directory: Path, name: str, perms: Perms | None = None) -> Path:
-    """Move src into directory under `name`, or name-2, name-3 ... if taken."""
-    stem, dot, ext = name.rpartition(".")
-    if not dot or not stem:
-        stem, ext = name, ""
-    suffix = "." + ext if ext else ""
-    for candidate in unique_names(directory, stem, suffix):
-        dest = directory / candidate
-        if dest.exists() or dest.is_symlink():
+def move_unique(src: Dir, name: str, dest: Dir, wanted: str, perms: Perms | None = None,
+                siblings: tuple[str, ...] = ()) -> str:
+    """Move src/name into dest as `wanted` (its name kept whenever it is free), or
+    wanted-2, wanted-3 … where taken — taken also when a sibling of that name (a
+    suffix such as '.error.json', the pair fitted to NAME_MAX on its own) is. Returns
+    the name used."""
+    stem, ext = split_ext(wanted)
+    for candidate in unique_names(stem, ext):
+        if any(dest.exists(n) for n in (candidate, *(fit_name(candidate, s)
+                                                      for s in siblings))):
             continue
         try:
-            move_file(src, dest, perms)
-            return dest
+            move_file(src, name, dest, candidate, perms)
         except FileExistsError:
             continue
+        return candidate
+    raise AssertionError("unreachable")
+
+
+def write_error(folder: Dir, failed_name: str, body: dict, perms: Perms) -> str:
+    """failed_name.error.json beside a failed original; never replaces a file of that
+    name (a user's own `x.pdf.error.json`): the next free name is taken then. Returns
+    the name written."""
+    data = names.json_bytes(body)
+    first = fit_name(failed_name, ERROR_SUFFIX)
+    stem = first.removesuffix(ERROR_SUFFIX).removesuffix(".error")
+    for candidate in (first, *(fit_name(f"{stem}.error-{n}", ".json")
+                               for n in range(2, 1000))):
+        try:
+            write_atomic(folder, candidate, data, perms, replace=False)
+        except FileExistsError:
+            continue
+        return candidate
     raise AssertionError("unreachable")
 
 
@@ -238,54 +232,74 @@ class Reservations:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._taken: set[Path] = set()
+        self._taken: set[tuple[int, int, str]] = set()
 
-    def choose(self, directory: Path, stem: str, sha256: str, source: str,
-               same_path_replaces: bool = False) -> Path:
-        """The output base path (without suffix) for a document: the plain name unless
-        another document's results hold it, then stem-2, stem-3, ... Results of the same
-        document (same content and source path) are replaced, not duplicated. With
-        `same_path_replaces` (on_success: keep, where a file is edited in place), the
-        results of an earlier version of the same source path are replaced too."""
+    def choose(self, folder: Dir, stem: str, sha256: str, source: str,
+               same_path_replaces: bool = False) -> str:
+        """The output base name (without suffix) for a document in folder: the plain
+        name unless another document's results (or anything not ocrd's) hold it, then
+        stem-2, stem-3, ... Results of the same document (same content and source path)
+        are replaced, not duplicated. With `same_path_replaces` (on_success: keep, where
+        a file is edited in place) the results of an earlier version of the same source
+        path are replaced too."""
+        st = os.fstat(folder.fd)
         with self._lock:
-            for candidate in unique_names(directory, stem, ""):
-                base = directory / candidate
-                if base in self._taken:
+            for candidate in unique_names(stem, "", reserve=OUTPUT_RESERVE):
+                key = (st.st_dev, st.st_ino, candidate)
+                if key in self._taken:
                     continue
-                if _free_or_same(base, None if same_path_replaces else sha256, source):
-                    self._taken.add(base)
-                    return base
+                if _free_or_same(folder, candidate, None if same_path_replaces else sha256,
+                                 source):
+                    self._taken.add(key)
+                    return candidate
         raise AssertionError("unreachable")
 
-    def release(self, base: Path) -> None:
+    def release(self, folder: Dir, base: str) -> None:
+        st = os.fstat(folder.fd)
         with self._lock:
-            self._taken.discard(base)
+            self._taken.discard((st.st_dev, st.st_ino, base))
 
 
-def _free_or_same(base: Path, sha256: str | None, source: str) -> bool:
-    md, sidecar, assets = (base.with_name(base.name + s) for s in (".md", ".json", ".assets"))
-    if not (md.exists() or sidecar.exists() or assets.exists()):
+def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str) -> bool:
+    md, sidecar, assets = base + ".md", base + ".json", assets_name(base)
+    if not any(folder.exists(n) for n in (md, sidecar, assets)):
         return True
+    for name, want_dir in ((md, False), (assets, True)):
+        try:
+            st = folder.lstat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode) != want_dir or stat.S_ISLNK(st.st_mode):
+            return False  # not what ocrd writes there: someone else's
     try:
-        meta = json.loads(sidecar.read_text(encoding="utf-8"))
+        meta = json.loads(folder.read_file(sidecar).decode("utf-8"))
     except (OSError, ValueError):
         return False
-    src = meta.get("source", {})
+    src = meta.get("source", {}) if isinstance(meta, dict) else {}
     return src.get("path") == source and (sha256 is None or src.get("sha256") == sha256)
 
 
 def sweep_temporaries(root: Path, tag: str) -> int:
-    """Remove this daemon's temporary files and folders under root (left by a crash)."""
+    """Remove this daemon's temporary files and folders under root (left by a crash),
+    never entering a link."""
     prefix = f"{TMP_PREFIX}{tag}-"
+    try:
+        top = Dir.open_root(root)
+    except OSError:
+        return 0
+    with top:
+        return _sweep(top, prefix)
+
+
+def _sweep(folder: Dir, prefix: str) -> int:
     removed = 0
-    for folder, dirs, files in os.walk(root):
-        for name in [d for d in dirs if d.startswith(prefix)]:
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-            dirs.remove(name)
+    for entry in list(folder.entries()):
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if entry.name.startswith(prefix):
+            with contextlib.suppress(OSError):
+                folder.remove_tree(entry.name) if is_dir else folder.unlink(entry.name)
             removed += 1
-        for name in files:
-            if name.startswith(prefix):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(folder, name))
-                removed += 1
+        elif is_dir:
+            with contextlib.suppress(OSError), folder.sub(entry.name) as sub:
+                removed += _sweep(sub, prefix)
     return removed

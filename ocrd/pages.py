@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from PIL import Image, ImageOps
 
-from . import errors
+from . import errors, safefs
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.
 IMAGE_FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "WEBP", "BMP", "GIF", "PPM", "JPEG2000"}
@@ -240,9 +240,12 @@ def _alive(pid: int) -> bool:
 
 def _open_regular(path: str) -> int:
     """Open without following symlinks or blocking on a FIFO, and insist on a regular
-    file: the path may have been swapped since the caller looked at it."""
+    file: the path may have been swapped since the caller looked at it. A file the
+    daemon holds open (safefs.fd_path) is opened through /proc, which names that open
+    file itself."""
+    nofollow = 0 if safefs.is_fd_path(path) else os.O_NOFOLLOW
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | nofollow | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise errors.Unreadable("the file disappeared before it could be read",
                                 reason="vanished") from None
@@ -259,6 +262,13 @@ def _open_regular(path: str) -> int:
         os.close(fd)
         raise errors.NotRegularFile("not a regular file (a FIFO, socket, device or folder)")
     return fd
+
+
+def _reader(path: str) -> Any:
+    """The file as a Python file object, opened the safe way (`_open_regular`). PDFium
+    and Pillow get this, never the path: pypdfium2 resolves a path string (following
+    /proc/PID/fd/N back to whatever now has the file's old name) and reopens it."""
+    return os.fdopen(_open_regular(path), "rb")
 
 
 def _sniff(path: str) -> tuple[bytes, bytes, int]:
@@ -314,7 +324,7 @@ def _pdfium_count(path: str, dpi: int) -> tuple[int, int]:
     import pypdfium2 as pdfium
 
     try:
-        doc = pdfium.PdfDocument(path)
+        doc = pdfium.PdfDocument(_reader(path), autoclose=True)
     except pdfium.PdfiumError as e:
         raise _pdf_error(str(e)) from None
     try:
@@ -358,7 +368,7 @@ def _pdf_error(text: str) -> errors.OcrdError:
 
 def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
     try:
-        with Image.open(path, formats=_open_formats()) as im:
+        with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
             fmt = im.format or "?"
             w, h = im.size
             if w * h > max_pixels:
@@ -405,31 +415,41 @@ def _image_magic(head: bytes) -> str | None:
     return None
 
 
-# One open PDF per worker process: pages of one document usually come in order.
-_open_pdf: dict[str, Any] = {}
+# One open PDF per worker process: pages of one document usually come in order. Keyed
+# by the file's identity, not only its path: /proc/PID/fd/N names another file once the
+# daemon has closed N and opened the next document.
+_open_pdf: dict[tuple, Any] = {}
+
+
+def _doc_key(path: str) -> tuple:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _pdfium_doc(path: str) -> Any:
     import pypdfium2 as pdfium
 
-    doc = _open_pdf.get(path)
+    key = _doc_key(path)
+    doc = _open_pdf.get(key)
     if doc is None:
         for old in _open_pdf.values():
             old.close()
         _open_pdf.clear()
         try:
-            doc = pdfium.PdfDocument(path)
+            doc = pdfium.PdfDocument(_reader(path), autoclose=True)
         except pdfium.PdfiumError as e:
             raise _pdf_error(str(e)) from None
-        _open_pdf[path] = doc
+        _open_pdf[key] = doc
     return doc
 
 
 def forget(path: str) -> None:
-    """Close a cached document (worker side)."""
-    doc = _open_pdf.pop(path, None)
-    if doc is not None:
-        doc.close()
+    """Close the cached documents of a path (worker side)."""
+    for key in [k for k in _open_pdf if k[0] == path]:
+        _open_pdf.pop(key).close()
 
 
 def render_page(path: str, info: DocInfo, index: int, dpi: int, max_pixels: int,
@@ -513,7 +533,7 @@ def _render_poppler(path: str, index: int, dpi: float, max_pixels: int) -> Rende
 
 def _render_image(path: str, index: int, max_pixels: int) -> RenderedPage:
     try:
-        with Image.open(path, formats=_open_formats()) as im:
+        with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
             if im.width * im.height > max_pixels:
                 raise errors.TooLarge(f"the image has more than {max_pixels} pixels")
             if index:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import shutil
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, markdown, names, outbox, pages
+from . import __version__, errors, markdown, names, outbox, pages, safefs
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -35,9 +35,10 @@ log = structlog.get_logger("ocrd.pipeline")
 
 @dataclass
 class Source:
-    """A document to convert, wherever it currently lies."""
+    """A document to convert: an open file (the claimed copy in the work area, or the
+    file given to `ocrd convert`), read by every stage through its descriptor."""
 
-    path: Path  # the file to read (claimed copy in the work area, or the user's file)
+    fd: int  # open for reading; ocrd never reopens the document by its path
     name: str  # path shown in outputs: relative to the inbox, or as given
     inbox: str | None = None
     prompt_mode: str = "markdown"
@@ -48,23 +49,31 @@ class Source:
     order: tuple = ()  # scheduler order key (batch, cost, seq)
     # a new version of this source path replaces the results of the old one (keep mode)
     same_path_replaces: bool = False
+    stem: str | None = None  # the outputs' name, when not the source's own (plain names)
+
+    @property
+    def path(self) -> str:
+        """What render workers and poppler open: exactly this open file."""
+        return safefs.fd_path(self.fd)
 
 
 @dataclass
 class Written:
-    """What a finished conversion wrote."""
+    """What a finished conversion wrote (names in the output folder)."""
 
-    markdown: Path
-    sidecar: Path
-    assets: Path | None
+    folder: Path
+    markdown: str
+    sidecar: str
+    assets: str | None
     meta: dict[str, Any]
 
 
-def sha256_file(path: Path) -> str:
+def sha256_fd(fd: int) -> str:
     h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        h.update(chunk)
+        offset += len(chunk)
     return h.hexdigest()
 
 
@@ -128,12 +137,12 @@ class Converter:
         if self.on_progress is not None:
             self.on_progress()
 
-    async def probe(self, path: Path) -> pages.DocInfo:
+    async def probe(self, path: str) -> pages.DocInfo:
         lim = self.cfg.limits
-        return await self.pool.call(pages.probe, str(path), self.cfg.render.dpi,
+        return await self.pool.call(pages.probe, path, self.cfg.render.dpi,
                                     lim.max_pages, lim.max_file_bytes, lim.max_pixels)
 
-    async def convert(self, src: Source, out_dir: Path, perms: outbox.Perms) -> Written:
+    async def convert(self, src: Source, out_dir: safefs.Dir, perms: outbox.Perms) -> Written:
         """Convert one document and write NAME.md, NAME.json (and NAME.assets/) into
         out_dir. Raises OcrdError subclasses for the file's own problems, EngineDead when
         the engine is gone, OSError when the destination cannot be written."""
@@ -144,29 +153,27 @@ class Converter:
             info = src.info or await self.probe(src.path)
             src.info = info
             if src.sha256 is None:
-                src.sha256 = await asyncio.to_thread(sha256_file, src.path)
-            await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
+                src.sha256 = await asyncio.to_thread(sha256_fd, src.fd)
         finally:
             self.pending -= 1
             self._progress()
-        stem = PurePosixPath(src.name).name
-        stem = stem.rpartition(".")[0] or stem
+        stem = src.stem or outbox.split_ext(PurePosixPath(src.name).name)[0]
         base = self.reservations.choose(out_dir, stem, src.sha256, src.name,
                                         src.same_path_replaces)
-        staging = Staging(base, perms)
+        staging = Staging(out_dir, base, perms)
         try:
-            results = await self._pages(src, info, staging, base.name + ".assets", blog)
+            results = await self._pages(src, info, staging, staging.final, blog)
             meta = self._sidecar(src, info, results, base, staging, t0)
             text = assemble(results)
-            await asyncio.to_thread(self._write, base, text, meta, staging, perms)
+            await asyncio.to_thread(self._write, out_dir, base, text, meta, staging, perms)
         except BaseException:
-            staging.discard()
+            await asyncio.to_thread(staging.discard)
             raise
         finally:
-            self.reservations.release(base)
+            self.reservations.release(out_dir, base)
         blog.info("file_converted", pages=info.pages, seconds=round(time.time() - t0, 3),
-                  output=str(base) + ".md", degraded=meta["degraded_pages"])
-        return Written(base.with_name(base.name + ".md"), base.with_name(base.name + ".json"),
+                  output=str(out_dir.path / (base + ".md")), degraded=meta["degraded_pages"])
+        return Written(out_dir.path, base + ".md", base + ".json",
                        staging.final if staging.used else None, meta)
 
     # -- pages ------------------------------------------------------------------------
@@ -187,7 +194,7 @@ class Converter:
             fn = render_with_preview if first and self.previews is not None \
                 else pages.render_page
             return await self.pool.call(
-                fn, str(src.path), info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
+                fn, src.path, info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
 
         # Grounding output is cropped for figures afterwards, so its engine's pages keep
         # their image; other pages are held here only until the engine takes them.
@@ -331,7 +338,7 @@ class Converter:
 
     # -- results ----------------------------------------------------------------------
 
-    def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: Path,
+    def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: str,
                  staging: Staging, t0: float) -> dict:
         page_meta = [{k: v for k, v in r.items() if k != "markdown"} for r in results]
         degraded = [r["page"] for r in results if r["status"] == "degraded"]
@@ -340,7 +347,7 @@ class Converter:
             "source": {
                 "path": src.name,
                 "inbox": src.inbox,
-                "size": src.path.stat().st_size,
+                "size": os.fstat(src.fd).st_size,
                 "sha256": src.sha256,
                 "format": info.format,
                 "renderer": info.renderer,
@@ -351,8 +358,8 @@ class Converter:
             "status": "degraded" if degraded else "ok",
             "degraded_pages": degraded,
             "outputs": {
-                "markdown": base.name + ".md",
-                "assets": base.name + ".assets" if staging.used else None,
+                "markdown": base + ".md",
+                "assets": staging.final if staging.used else None,
             },
             "timings": {
                 "claimed_at": src.claimed_at,
@@ -363,14 +370,15 @@ class Converter:
             "pages": page_meta,
         }
 
-    def _write(self, base: Path, text: str, meta: dict, staging: Staging,
-               perms: outbox.Perms) -> None:
+    def _write(self, out_dir: safefs.Dir, base: str, text: str, meta: dict,
+               staging: Staging, perms: outbox.Perms) -> None:
         # Order matters: assets, then the sidecar, then the Markdown last, so whoever
-        # waits for NAME.md finds everything else in place.
+        # waits for NAME.md finds everything else in place. Replacing is right here:
+        # Reservations.choose gave a name that is free or holds this document's results.
         staging.commit()
-        outbox.write_atomic(base.with_name(base.name + ".json"), names.json_bytes(meta), perms)
-        outbox.write_atomic(base.with_name(base.name + ".md"), text.encode("utf-8"), perms)
-        outbox.fsync_dir(base.parent)
+        outbox.write_atomic(out_dir, base + ".json", names.json_bytes(meta), perms)
+        outbox.write_atomic(out_dir, base + ".md", text.encode("utf-8"), perms)
+        out_dir.fsync()
 
 
 PAGE_MARK = "<!-- page {n}{note} -->"
@@ -397,10 +405,12 @@ def assemble(results: list[dict]) -> str:
 class Staging:
     """NAME.assets/ built under a temporary name next to its final place."""
 
-    def __init__(self, base: Path, perms: outbox.Perms) -> None:
-        self.final = base.with_name(base.name + ".assets")
+    def __init__(self, folder: safefs.Dir, base: str, perms: outbox.Perms) -> None:
+        self.folder = folder
+        self.final = outbox.assets_name(base)
         self.perms = perms
-        self.dir: Path | None = None
+        self.tmp: str | None = None
+        self.dir: safefs.Dir | None = None
         self.files = 0
 
     @property
@@ -409,27 +419,34 @@ class Staging:
 
     def add(self, name: str, data: bytes) -> None:
         if self.dir is None:
-            self.dir = self.final.with_name(self.perms.tmp_name(self.final.name))
-            self.dir.mkdir(mode=0o700)
-        outbox.write_atomic(self.dir / name, data, self.perms)
+            self.tmp = self.perms.tmp_name(self.final)
+            self.folder.mkdir(self.tmp, 0o700)  # fails if the name exists
+            self.dir = self.folder.sub(self.tmp)
+        outbox.write_atomic(self.dir, name, data, self.perms, replace=False)
         self.files += 1
 
     def commit(self) -> None:
-        if self.dir is None:
+        if self.dir is None or self.tmp is None:
             # No figures this time: remove assets an earlier run of this document left.
-            outbox.remove_tree(self.final)
+            self.folder.remove_tree(self.final)
             return
-        outbox.fsync_dir(self.dir)
-        self.dir.chmod(self.perms.dir_mode)
-        if self.final.exists():
-            outbox.remove_tree(self.final)
-        self.dir.rename(self.final)
+        self.dir.fsync()
+        os.fchmod(self.dir.fd, self.perms.dir_mode)
+        if self.perms.gid is not None:
+            os.fchown(self.dir.fd, -1, self.perms.gid)
+        self.dir.close()
         self.dir = None
+        self.folder.remove_tree(self.final)  # this document's earlier figures
+        self.folder.rename(self.tmp, self.folder, self.final)
+        self.tmp = None
 
     def discard(self) -> None:
         if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir.close()
             self.dir = None
+        if self.tmp is not None:
+            self.folder.remove_tree(self.tmp)
+            self.tmp = None
 
 
 def _png(image: Any) -> bytes:

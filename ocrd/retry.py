@@ -14,14 +14,15 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import structlog
 
-from . import outbox
+from . import outbox, safefs
 from .config import Config, InboxConfig
-from .journal import FileFilter, Job, Journal
+from .journal import FileFilter, Job, Journal, JournalUnwritable
 from .names import shown
+from .safefs import Dir
 
 log = structlog.get_logger("ocrd.retry")
 
@@ -35,26 +36,36 @@ def retry_job(cfg: Config, journal: Journal, job: Job) -> Path:
     if job.state != "failed":
         raise RetryError(f"{shown(job.relpath)} has not failed (state: {job.state})")
     box = _inbox_of(cfg, job)
-    original = _failed_original(box, job)
-    rel = PurePosixPath(job.relpath)
-    perms = outbox.Perms(box.mode, box.dmode, box.gid, tag=f"retry{os.getpid()}")
+    folders, name = _in_failed(box, job)
+    inbox_folders, wanted = safefs.split(job.relpath)
+    perms = outbox.Perms(box.file_mode_bits, box.dir_mode_bits, box.gid,
+                         tag=f"retry{os.getpid()}")
     try:
-        folder = outbox.makedirs(box.path, rel.parent if rel.parent.parts else None, perms)
-        dest = outbox.move_unique(original, folder, rel.name, perms)
+        with Dir.open_root(box.failed) as failed, failed.walk(folders) as src:
+            if not stat.S_ISREG(src.lstat(name).st_mode):
+                raise RetryError(f"{shown(job.relpath)}: {shown(job.output)} is not a "
+                                 "regular file")
+            with Dir.open_root(box.path) as inbox:
+                dest, used = outbox.mirror(inbox, inbox_folders, perms)
+                with dest:
+                    new = outbox.move_unique(src, name, dest, wanted, perms)
+            with contextlib.suppress(FileNotFoundError):
+                src.unlink(outbox.fit_name(name, outbox.ERROR_SUFFIX))
     except FileNotFoundError:
-        raise RetryError(f"{shown(job.relpath)}: the original left the failed folder "
-                         "meanwhile (retried by someone else?)") from None
-    except (OSError, outbox.UnsafePath) as e:
+        raise RetryError(f"{shown(job.relpath)}: the original is no longer in the failed "
+                         f"folder ({shown(job.output)})") from None
+    except (OSError, ValueError) as e:
         raise RetryError(f"{shown(job.relpath)}: cannot put it back into "
                          f"{shown(str(box.path))}: {e}") from None
-    error_json = original.with_name(outbox.fit_name(original.name, ".error.json"))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(error_json)
-    if not journal.mark_retried(job.id, str(dest)):
-        log.warning("retry_row_changed", id=job.id, file=shown(job.relpath))
+    put_back = box.path.joinpath(*used, new)
+    try:
+        if not journal.mark_retried(job.id, str(put_back)):
+            log.warning("retry_row_changed", id=job.id, file=shown(job.relpath))
+    except JournalUnwritable as e:  # the file is back all the same: it converts anew
+        log.warning("retry_not_recorded", id=job.id, error=str(e))
     log.info("file_retried", id=job.id, file=shown(job.relpath), reason=job.reason,
-             put_back=shown(str(dest)))
-    return dest
+             put_back=shown(str(put_back)))
+    return put_back
 
 
 def _inbox_of(cfg: Config, job: Job) -> InboxConfig:
@@ -65,25 +76,17 @@ def _inbox_of(cfg: Config, job: Job) -> InboxConfig:
                      "in the configuration")
 
 
-def _failed_original(box: InboxConfig, job: Job) -> Path:
-    """The failed copy the journal points at, checked to be a regular file inside the
-    inbox's failed folder (a row is data, and a link there could lead anywhere)."""
+def _in_failed(box: InboxConfig, job: Job) -> tuple[tuple[str, ...], str]:
+    """The failed copy the journal points at, as (folders, name) below the inbox's
+    failed folder; refused when it lies anywhere else (a row is data)."""
     if not job.output:
         raise RetryError(f"{shown(job.relpath)}: no original was kept ({job.reason}); "
                          "drop the file into the inbox again")
-    path = Path(job.output)
-    root = os.path.abspath(box.failed)
-    if os.path.commonpath([root, os.path.abspath(path)]) != root or path == Path(root):
+    root, path = os.path.abspath(box.failed), os.path.abspath(job.output)
+    if os.path.commonpath([root, path]) != root or path == root:
         raise RetryError(f"{shown(job.relpath)}: {shown(job.output)} is not inside the "
                          f"failed folder {shown(str(box.failed))}")
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise RetryError(f"{shown(job.relpath)}: the original is no longer in the failed "
-                         f"folder ({shown(job.output)})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise RetryError(f"{shown(job.relpath)}: {shown(job.output)} is not a regular file")
-    return path
+    return safefs.split(os.path.relpath(path, root))
 
 
 def select(journal: Journal, *, ids: Iterable[int] = (), paths: Iterable[str] = (),

@@ -212,9 +212,12 @@ class Scheduler:
         self._changed.set()
 
     async def drain(self, timeout: float) -> bool:
-        """Stop starting documents; wait for the active ones. True if all finished."""
+        """Stop starting documents; wait for the active ones up to `timeout` seconds (0:
+        not at all — stop now). True if all finished."""
         self.accepting = False
         if not self.active:
             return True
-        _, pending = await asyncio.wait(list(self.active), timeout=timeout or None)
+        if timeout <= 0:
+            return False
+        _, pending = await asyncio.wait(list(self.active), timeout=timeout)
         return not pending

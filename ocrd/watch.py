@@ -29,6 +29,7 @@ from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
 from watchdog.observers.inotify_c import InotifyConstants, Mask
 
 from .config import BUILTIN_IGNORE, InboxConfig
+from .safefs import Dir
 
 log = structlog.get_logger("ocrd.watch")
 
@@ -99,7 +100,8 @@ class Ignore:
 @dataclass(frozen=True)
 class Entry:
     """An inbox entry a scan found. `regular` is False for symlinks, FIFOs, sockets and
-    devices: those are never opened, only reported."""
+    devices: those are never opened, only reported. `path` is for messages: ocrd never
+    opens an entry by it (safefs walks from the inbox's folder instead)."""
 
     path: Path
     relpath: str
@@ -116,31 +118,48 @@ def entry_for(path: Path, relpath: str, st: os.stat_result) -> Entry:
 
 def scan(root: Path, recursive: bool, ignore: Ignore,
          on_error: Callable[[Path, OSError], None] | None = None) -> Iterator[Entry]:
-    """Every wanted entry under root (not following symlinks)."""
-    stack: list[tuple[Path, str]] = [(root, "")]
-    while stack:
-        folder, prefix = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                entries = list(it)
-        except OSError as e:
-            if on_error is not None:
-                on_error(folder, e)
-            continue
-        for de in entries:
-            if ignore.ignored_part(de.name):
-                continue
-            rel = prefix + de.name
+    """Every wanted entry under root. Folders are entered through their parent's
+    descriptor, never through a link: a subfolder replaced by a symbolic link is an
+    entry like any other link (reported, not followed)."""
+    def failed(folder: Path, e: OSError) -> None:
+        if on_error is not None:
+            on_error(folder, e)
+
+    try:
+        top = Dir.open_root(root)
+    except OSError as e:
+        failed(root, e)
+        return
+    with top:
+        stack: list[tuple[str, ...]] = [()]
+        while stack:
+            parts = stack.pop()
+            prefix = "".join(p + "/" for p in parts)
             try:
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue  # vanished between listing and stat
-            if stat.S_ISDIR(st.st_mode):
-                if recursive:
-                    stack.append((Path(de.path), rel + "/"))
+                with top.walk(parts) as folder:
+                    entries = list(_listing(folder))
+            except OSError as e:
+                failed(root.joinpath(*parts), e)
                 continue
-            if ignore.wanted(rel):
-                yield entry_for(Path(de.path), rel, st)
+            for name, st in entries:
+                if st is None or ignore.ignored_part(name):
+                    continue
+                rel = prefix + name
+                if stat.S_ISDIR(st.st_mode):
+                    if recursive:
+                        stack.append((*parts, name))
+                    continue
+                if ignore.wanted(rel):
+                    yield entry_for(root / rel, rel, st)
+
+
+def _listing(folder: Dir) -> Iterator[tuple[str, os.stat_result | None]]:
+    """(name, lstat) of each entry; None for one that vanished between list and stat."""
+    for de in folder.entries():
+        try:
+            yield de.name, de.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            yield de.name, None
 
 
 Hint = Callable[[str, bool, bool], None]  # (path, closed_after_write, is_dir)
@@ -151,11 +170,16 @@ class _Handler(FileSystemEventHandler):
         self.hint = hint
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        path = event.dest_path if isinstance(event, FileMovedEvent | DirMovedEvent) \
-            else event.src_path
+        moved = isinstance(event, FileMovedEvent | DirMovedEvent)
+        path = event.dest_path if moved else event.src_path
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        self.hint(path, isinstance(event, FileClosedEvent), event.is_directory)
+        if not path:
+            return  # moved out of the watched tree (IN_MOVED_FROM without its pair)
+        # A file renamed into place (IN_MOVED_TO: "write elsewhere, then mv") is as
+        # complete as one closed after writing: both take the fast path.
+        done = isinstance(event, FileClosedEvent) or (moved and not event.is_directory)
+        self.hint(path, done, event.is_directory)
 
 
 EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent,
@@ -163,13 +187,22 @@ EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent,
 
 
 class _FlatInboxEmitter(InotifyEmitter):
-    """An inotify emitter that does not ask for IN_MOVED_FROM on a non-recursive watch.
+    """An inotify emitter that reports a file moved in as moved (watchdog's "full
+    events"), not as created, and does not ask for IN_MOVED_FROM on a non-recursive
+    watch.
+
+    Moved, not created: IN_MOVED_TO means the file is complete (renamed into place),
+    IN_CREATE that it is about to be written; watchdog's default emitter reports both
+    as FileCreatedEvent.
 
     watchdog holds every IN_MOVED_FROM for 0.5 s to pair it with its IN_MOVED_TO, and
     delivers nothing behind it meanwhile. Each claim renames a file out of the inbox
     (into .ocrd-work/, unwatched), so every claim stalled the next file's events by up
     to half a second. In a flat inbox nothing is lost without it: a rename inside the
-    inbox (x.part → x.pdf) still arrives as IN_MOVED_TO, reported as a created file."""
+    inbox (x.part → x.pdf) still arrives as IN_MOVED_TO, reported as moved in."""
+
+    def build_and_queue_event(self, event, *, full_events: bool = False) -> None:  # noqa: ANN001
+        super().build_and_queue_event(event, full_events=True)
 
     def get_event_mask_from_filter(self) -> Mask:
         mask = super().get_event_mask_from_filter()

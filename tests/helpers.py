@@ -187,6 +187,21 @@ class Daemon:
                     out.append(ev)
         return out
 
+    def metric(self, name: str) -> float | None:
+        """One unlabelled sample of the daemon's /metrics (None if not there)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                        timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return None
+
     def event(self, name: str) -> dict | None:
         evs = self.events(name)
         return evs[-1] if evs else None
@@ -231,4 +246,30 @@ def drop(src: Path, dest: Path) -> Path:
 def files_under(root: Path) -> list[str]:
     if not root.exists():
         return []
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    # os.walk, not rglob: a daemon removing folders meanwhile must not break the walk
+    out = []
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            p = Path(folder) / name
+            if p.is_file():
+                out.append(str(p.relative_to(root)))
+    return sorted(out)
+
+
+def claimed_files(inbox: Path) -> list[str]:
+    """Claimed files in an inbox's work areas (.ocrd-work/<instance>/<job>/…), without
+    the owner mark each work area carries (.ocrd-work/<instance>/.owner)."""
+    work = inbox / ".ocrd-work"
+    return [f for f in files_under(work) if not (f.count("/") == 1 and f.endswith("/.owner"))]
+
+
+def fill(folder: Path) -> Path:
+    """Fill the filesystem holding folder; returns the filler file (remove it to free)."""
+    filler = folder / "filler.bin"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler

@@ -100,3 +100,85 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+# -- layouts that destroy state or loop, compared after resolving links (issue 15.6) --
+
+
+def _layout(tmp_path: Path, state: Path, *boxes: dict) -> list[str]:
+    from ocrd.config import layout_problems
+
+    cfg = parse_config({"state_dir": str(state), "inboxes": list(boxes)}, tmp_path)
+    return layout_problems(cfg)
+
+
+def _box(tmp_path: Path, name: str, **kw: object) -> dict:
+    base = tmp_path / name
+    return {"path": str(base / "in"), "outbox": str(base / "out"),
+            "failed": str(base / "failed"), "on_success": "delete", **kw}
+
+
+def test_layout_state_dir_inside_or_equal_to_an_inbox_is_refused(tmp_path: Path) -> None:
+    box = _box(tmp_path, "a", recursive=True)
+    inside = _layout(tmp_path, tmp_path / "a" / "in" / "state", box)
+    assert len(inside) == 1 and "claim its own journal" in inside[0], inside
+    flat = _box(tmp_path, "b")
+    equal = _layout(tmp_path, tmp_path / "b" / "in", flat)
+    assert len(equal) == 1 and "state_dir" in equal[0], equal
+    assert _layout(tmp_path, tmp_path / "state", box) == []
+
+
+def test_layout_an_inbox_that_is_a_link_to_its_own_destinations_is_refused(
+        tmp_path: Path) -> None:
+    """inbox -> a folder that holds the outbox and failed/: the old checks compared the
+    unresolved paths and passed it; then outputs were read back forever."""
+    real = tmp_path / "real"
+    (real / "out").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    box = {"path": str(tmp_path / "link"), "outbox": str(real / "out"),
+           "failed": str(real / "failed"), "on_success": "delete", "recursive": True}
+    problems = _layout(tmp_path, tmp_path / "state", box)
+    assert len(problems) == 2, problems
+    assert all("links resolved" in p and "read back" in p for p in problems)
+
+
+def test_layout_one_inboxs_outbox_inside_another_recursive_inbox_is_refused(
+        tmp_path: Path) -> None:
+    a = _box(tmp_path, "a", recursive=True)
+    b = _box(tmp_path, "b", outbox=str(tmp_path / "a" / "in" / "from-b"))
+    problems = _layout(tmp_path, tmp_path / "state", a, b)
+    assert len(problems) == 1 and "inboxes[1].outbox" in problems[0] and \
+        "inboxes[0].path" in problems[0], problems
+
+
+def test_layout_nested_and_duplicate_inboxes_are_refused(tmp_path: Path) -> None:
+    a = _box(tmp_path, "a", recursive=True)
+    nested = _box(tmp_path, "n")
+    nested["path"] = str(tmp_path / "a" / "in" / "sub")
+    problems = _layout(tmp_path, tmp_path / "state", a, nested)
+    assert len(problems) == 1 and "both would claim" in problems[0], problems
+    (tmp_path / "x").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "x")
+    one = _box(tmp_path, "p", path=str(tmp_path / "x"))
+    two = _box(tmp_path, "q", path=str(tmp_path / "alias"))
+    problems = _layout(tmp_path, tmp_path / "state", one, two)
+    assert len(problems) == 1 and "same folder" in problems[0], problems
+
+
+def test_check_config_prints_one_line_per_overlap(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    box = _box(tmp_path, "a", recursive=True)
+    (tmp_path / "a" / "in").mkdir(parents=True)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "a" / "in" / ".state"),
+                                   "inboxes": [box]}))
+    res = subprocess.run([sys.executable, "-m", "ocrd", "check-config", "-c", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = [x for x in res.stderr.splitlines() if x.startswith("ocrd: ")]
+    assert len(lines) == 1 and "state_dir" in lines[0], res.stderr
+    run = subprocess.run([sys.executable, "-m", "ocrd", "run", "-c", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "state_dir" in run.stderr, run.stderr

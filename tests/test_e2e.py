@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     Daemon,
+    claimed_files,
     drop,
     files_under,
     make_pdf,
@@ -79,7 +80,7 @@ def test_pdf_png_and_sideways_jpeg_become_markdown(tmp_path: Path) -> None:
     assert files_under(d.archive) == ["photo.jpg", "report.pdf", "scan.png"]
     assert (d.archive / "report.pdf").read_bytes() == original
     assert [p.name for p in d.inbox.iterdir()] == [".ocrd-work"]
-    assert files_under(d.inbox / ".ocrd-work") == []
+    assert claimed_files(d.inbox) == []
 
 
 def test_preexisting_file_chunked_write_part_rename_and_junk(tmp_path: Path) -> None:
@@ -161,7 +162,7 @@ def test_sigkill_mid_conversion_then_restart_converts_exactly_once(tmp_path: Pat
             wait_for(lambda: d.events("page_done"), 60, "the first page converted")
             d.kill()  # SIGKILL to the whole process group, mid-document
             assert not (d.outbox / "book.md").exists()
-            work = files_under(d.inbox / ".ocrd-work")
+            work = claimed_files(d.inbox)
             assert len(work) == 1 and work[0].endswith("/book.pdf"), work
             d.start()
             wait_for(lambda: (d.outbox / "book.md").exists(), 90, "book.md after restart")
@@ -175,7 +176,7 @@ def test_sigkill_mid_conversion_then_restart_converts_exactly_once(tmp_path: Pat
     assert recall([w for p in pages for w in p], text) >= 0.95
     assert files_under(d.outbox) == ["book.json", "book.md"]
     assert files_under(d.archive) == ["book.pdf"]
-    assert files_under(d.inbox / ".ocrd-work") == []
+    assert claimed_files(d.inbox) == []
     meta = json.loads((d.outbox / "book.json").read_text())
     assert meta["page_count"] == 8 and [p["page"] for p in meta["pages"]] == list(range(1, 9))
     out = subprocess.run([sys.executable, "-m", "ocrd", "status", "-c", str(d.config_path),

@@ -18,8 +18,10 @@ MAX_PIXELS = 50_000_000
 
 
 def shared_files() -> set[str]:
+    """This process's page files (other daemons on the machine have their own)."""
+    mine = f"{pages.SHARED_PREFIX}{os.getpid()}-"
     try:
-        return {n for n in os.listdir(pages.SHARED_DIR) if n.startswith(pages.SHARED_PREFIX)}
+        return {n for n in os.listdir(pages.SHARED_DIR) if n.startswith(mine)}
     except FileNotFoundError:
         return set()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ocrd import outbox, pages
+from ocrd import outbox, pages, safefs
 from ocrd.config import parse_config
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.pipeline import Converter, Source
@@ -356,8 +357,9 @@ def test_rendered_pages_held_stay_within_the_lookahead_and_the_slots(tmp_path: P
     async def scenario() -> tuple[Any, ...]:
         engine, pool, slots = BlockingEngine(), FakePool(), FairSlots(2)
         conv = Converter(cfg, engine, pool, slots)  # type: ignore[arg-type]
-        src = Source(doc, "manual.pdf", info=info)
-        job = asyncio.create_task(conv.convert(src, tmp_path / "out", outbox.Perms()))
+        src = Source(os.open(doc, os.O_RDONLY), "manual.pdf", info=info)
+        out = safefs.Dir.open_root(tmp_path / "out", create=True)
+        job = asyncio.create_task(conv.convert(src, out, outbox.Perms()))
         await until(lambda: engine.inside == 2, "the engine to fill")
         await settle(200)  # everything that can move now, without the engine, has
         # the engine is full and blocked: 2 pages in it, 3 rendered and waiting for a
@@ -375,6 +377,6 @@ def test_rendered_pages_held_stay_within_the_lookahead_and_the_slots(tmp_path: P
     # pages in the engine are not kept as images by the pipeline
     assert alive == 0
     assert most_inside == 2 and pending_after == 0 and used == 0
-    text = written.markdown.read_text()
+    text = (written.folder / written.markdown).read_text()
     assert text.count("<!-- page ") == n_pages
     assert "text of page 1\n" in text and f"text of page {n_pages}\n" in text

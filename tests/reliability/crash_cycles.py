@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from helpers import Daemon, make_pdf, sentence_lines  # noqa: E402
+from helpers import Daemon, claimed_files, make_pdf, sentence_lines  # noqa: E402
 
 
 def run(root: Path, cycles: int, seed: int = 1) -> dict:
@@ -73,7 +73,7 @@ def run(root: Path, cycles: int, seed: int = 1) -> dict:
     mds = [n for n in outputs if n.endswith(".md")]
     temps = [str(p) for base in (d.outbox, d.inbox, d.archive)
              for p in base.rglob(".ocrd-tmp-*")]
-    work_left = [str(p) for p in (d.inbox / ".ocrd-work").rglob("*") if p.is_file()]
+    work_left = claimed_files(d.inbox)
     db = sqlite3.connect(d.root / "state" / "journal.sqlite3")
     states = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
     dup_claims = db.execute("SELECT relpath, COUNT(*) c FROM jobs WHERE state='done' "

@@ -1,36 +1,25 @@
 """A full or read-only outbox: the daemon pauses with a clear error, loses nothing, and
-resumes when space or write permission returns. Real filesystems: a tiny tmpfs."""
+resumes when space or write permission returns. Real filesystems: a tiny tmpfs
+(the tiny_fs fixture, tests/reliability/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
+from helpers import (
+    Daemon,
+    claimed_files,
+    drop,
+    files_under,
+    make_pdf,
+    sentence_lines,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
-
-
-def can_mount() -> bool:
-    return os.geteuid() == 0
-
-
-@pytest.fixture
-def tiny_fs(tmp_path: Path):
-    if not can_mount():
-        if os.environ.get("OCRD_REQUIRE_SYSTEMD") == "1":
-            pytest.fail("mounting a tmpfs needs root (CI runs as root)")
-        pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def daemon_with_outbox(tmp_path: Path, outbox: Path) -> Daemon:
@@ -59,12 +48,12 @@ def test_full_outbox_pauses_then_resumes(tmp_path: Path, tiny_fs: Path) -> None:
         assert "No space" in ev["error"] and ev["file"] == "a.pdf"
         assert not (tiny_fs / "out" / "a.md").exists()
         assert files_under(d.failed) == []  # not the file's fault
-        assert len(files_under(d.inbox / ".ocrd-work")) == 1  # still claimed, safe
+        assert len(claimed_files(d.inbox)) == 1  # still claimed, safe
         filler.unlink()  # space returns
         wait_for(lambda: (tiny_fs / "out" / "a.md").exists(), 90, "a.md after space returned")
     assert files_under(tiny_fs / "out") == ["a.json", "a.md"]
     assert json.loads((tiny_fs / "out" / "a.json").read_text())["page_count"] == 1
-    assert files_under(d.inbox) == []
+    assert claimed_files(d.inbox) == [] and [p.name for p in d.inbox.iterdir()] == [".ocrd-work"]
 
 
 def test_read_only_outbox_pauses_then_resumes(tmp_path: Path, tiny_fs: Path) -> None:

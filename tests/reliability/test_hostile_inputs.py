@@ -11,7 +11,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from helpers import Daemon, make_pdf, sentence_lines, text_image, wait_for
+from helpers import Daemon, claimed_files, make_pdf, sentence_lines, text_image, wait_for
 from PIL import Image
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
@@ -115,7 +115,7 @@ def test_hostile_and_careless_input(tmp_path: Path) -> None:
             return not left and d.proc.poll() is None
 
         wait_for(settled, 120, "every hostile file handled", every=0.5)
-        wait_for(lambda: not any((d.inbox / ".ocrd-work").rglob("*.*")), 120,
+        wait_for(lambda: not claimed_files(d.inbox), 120,
                  "work area empty")
         assert d.proc.poll() is None, "daemon died"
         sock.close()

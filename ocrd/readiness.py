@@ -1,10 +1,13 @@
-"""Readiness: when is a file in an inbox complete enough to claim?
+"""Readiness: when is a file in an inbox complete enough to claim? The one place that
+decides it.
 
-A file is a candidate from the moment a scan or an event shows it. It becomes due for a
-completeness check once its size and mtime have been quiet for the inbox's quiet period,
-or at once after a close-after-write event on a local filesystem. The check itself
-(`pages.probe`, in a worker process) decides: ready, maybe still being written (wait,
-and give up after `incomplete_seconds` without change), or never convertible.
+A file is a candidate from the moment a scan or an event shows it (`Tracker`). It becomes
+due for a completeness check once its size and mtime have been quiet for the inbox's
+quiet period, or at once after a close-after-write or a moved-in event on a local
+filesystem. The check (`pages.probe`, in a worker process, on the file ocrd opened) then
+feeds `decide`, a pure function of the candidate, the probe's result and the clock:
+claim it (to convert, or to fail it with a reason), wait and look again, reject an entry
+that is not a regular file, or forget an entry that is gone.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from . import errors
+from .pages import DocInfo
 from .watch import Entry
 
 # Waiting between checks of a file that looked incomplete: grows to this.
@@ -22,7 +27,7 @@ MAX_RECHECK_SECONDS = 30.0
 class Candidate:
     entry: Entry
     last_change: float  # monotonic time of the last size/mtime/inode change
-    closed: bool = False  # a close-after-write event came after the last change
+    closed: bool = False  # closed after writing, or moved in, since the last change
     next_check: float = 0.0
     checks: int = 0
     busy: bool = False  # a check or a claim is running
@@ -30,6 +35,79 @@ class Candidate:
 
     def key(self) -> tuple[int, int, int]:
         return (self.entry.size, self.entry.mtime_ns, self.entry.ino)
+
+
+# -- the decision -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Claim the file: to convert it (info), or to move it to failed/ (error)."""
+
+    info: DocInfo | None = None
+    error: errors.OcrdError | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not yet: look again later. `report`: a first notice worth logging (with the
+    probe's reason)."""
+
+    report: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Not a regular file (link, FIFO, socket, device): its entry goes to failed/."""
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Gone: stop tracking it."""
+
+
+@dataclass(frozen=True)
+class Changed:
+    """It changed while being checked: observe it anew."""
+
+    entry: Entry
+
+
+Decision = Claim | Wait | Reject | Forget | Changed
+Probe = DocInfo | errors.OcrdError
+
+
+def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
+           quiet_seconds: float, incomplete_seconds: float, now: float) -> Decision:
+    """What to do with a due candidate.
+
+    probe: the completeness check's result (None when there was nothing to probe: the
+    entry is not a regular file, or no longer one when it was opened); now_entry: the
+    entry as it is after the check (None: gone)."""
+    quiet = now - cand.last_change >= quiet_seconds
+    if not cand.entry.regular:
+        return Reject() if quiet else Wait()
+    if probe is None:  # a link or FIFO took its place: look at what is there now
+        return Changed(now_entry) if now_entry is not None else Forget()
+    if isinstance(probe, errors.EmptyFile | errors.Truncated):
+        # Maybe still being written: wait, and give up after incomplete_seconds quiet.
+        if now - cand.last_change >= incomplete_seconds:
+            return Claim(error=probe)
+        first = "incomplete" not in cand.reported
+        return Wait(report="incomplete" if first else None, reason=probe.reason)
+    if isinstance(probe, errors.OcrdError):
+        if probe.reason == "vanished":
+            return Forget()
+        return Claim(error=probe) if quiet else Wait()
+    if now_entry is None:
+        return Forget()
+    if (now_entry.size, now_entry.mtime_ns, now_entry.ino) != cand.key():
+        return Changed(now_entry)
+    return Claim(info=probe)
+
+
+# -- the candidates of one inbox ----------------------------------------------------------
 
 
 class Tracker:
@@ -47,6 +125,8 @@ class Tracker:
         return len(self.candidates)
 
     def observe(self, entry: Entry, closed: bool = False) -> Candidate:
+        """A scan or an event saw the entry; `closed`: a close-after-write or moved-in
+        event (the writer is done with it)."""
         now = self.clock()
         cand = self.candidates.get(entry.relpath)
         if cand is None:
@@ -72,9 +152,6 @@ class Tracker:
             del self.candidates[r]
         return gone
 
-    def quiet_for(self, cand: Candidate) -> float:
-        return self.clock() - cand.last_change
-
     def due(self) -> list[Candidate]:
         """Candidates to check now: quiet long enough, or closed on a local filesystem."""
         now = self.clock()
@@ -93,10 +170,6 @@ class Tracker:
         cand.closed = False
         delay = min(MAX_RECHECK_SECONDS, max(self.quiet, 0.5) * (2 ** min(cand.checks, 6)))
         cand.next_check = self.clock() + delay
-
-    def given_up(self, cand: Candidate) -> bool:
-        """Incomplete and unchanged for longer than incomplete_seconds."""
-        return self.clock() - cand.last_change >= self.incomplete
 
     def next_wakeup(self) -> float | None:
         """Seconds until some candidate may become due (for the intake loop's sleep)."""

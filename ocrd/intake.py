@@ -1,0 +1,220 @@
+"""Intake: the main loop that finds files and claims them.
+
+Each turn: scan the inboxes that are due (at start, every `rescan_seconds`, every
+`poll_seconds` on network filesystems), apply inotify's hints, and check each candidate
+that is due — open it (by its folder's descriptor, never through a link), probe it in a
+worker process, and let `readiness.decide` say what happens. Intake pauses while the
+engine is away, while an inbox's destination is failing, and while the state folder
+cannot take journal writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from . import errors, pages, readiness, safefs
+from .claims import Claims, Item
+from .config import Config
+from .inboxes import Inbox, Inboxes
+from .journal import JournalUnwritable
+from .outcomes import STATE_BACKOFF_SECONDS
+from .readiness import Candidate
+from .watch import Entry, entry_for
+
+log = structlog.get_logger("ocrd.intake")
+
+
+
+class Intake:
+    def __init__(self, cfg: Config, inboxes: Inboxes, claims: Claims,
+                 probe_pool: pages.RenderPool, submit: Callable[[Item], None],
+                 engine_open: asyncio.Event, metrics: Any,
+                 loop_turned: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self.inboxes = inboxes
+        self.claims = claims
+        self.probe_pool = probe_pool
+        self.submit = submit
+        self.engine_open = engine_open
+        self.metrics = metrics
+        self.loop_turned = loop_turned
+        self.stopping = False
+        self._checks = asyncio.Semaphore(8)
+        self._tasks: set[asyncio.Task] = set()
+        self.state_paused_until = 0.0
+        self._state_backoff = 0.0
+
+    async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
+        while not self.stopping:
+            _testing_stall()
+            now = time.monotonic()
+            self.loop_turned()
+            for inbox in self.inboxes.due_scans(now, self.cfg.rescan_seconds,
+                                                self.cfg.poll_seconds):
+                await self.inboxes.scan(inbox, self.metrics.rescans.inc)
+            self.inboxes.apply_hints()
+            if self.engine_open.is_set() and now >= self.state_paused_until:
+                for inbox in self.inboxes:
+                    if inbox.taking_files(now):
+                        for cand in inbox.tracker.due():
+                            cand.busy = True
+                            self._spawn(self.check(inbox, cand))
+            self.metrics.candidates.set(sum(len(i.tracker) for i in self.inboxes))
+            self.metrics.queue_depth.set(queue_depth())
+            self.metrics.active_files.set(active())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.inboxes.next_wait(time.monotonic())):
+                    await self.inboxes.wake.wait()
+            self.inboxes.wake.clear()
+
+    def _spawn(self, coro) -> None:  # noqa: ANN001
+        task = asyncio.create_task(coro, name="check")
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task_failed", task=task.get_name(), error=repr(task.exception()))
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.inboxes.wake.set()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    # -- one candidate ------------------------------------------------------------------
+
+    async def check(self, inbox: Inbox, cand: Candidate) -> None:
+        try:
+            async with self._checks:
+                if self.stopping or inbox.removed:
+                    return
+                await self._check(inbox, cand)
+        except JournalUnwritable as e:
+            self._state_unwritable(e)
+            cand.next_check = self.state_paused_until  # nothing wrong with the file
+        except Exception:  # noqa: BLE001 - a bug must not leave the file unreported
+            log.exception("check_failed", file=cand.entry.relpath)
+            inbox.tracker.recheck_later(cand)
+        finally:
+            cand.busy = False
+
+    async def _check(self, inbox: Inbox, cand: Candidate) -> None:
+        entry = cand.entry
+        dirs, name = safefs.split(entry.relpath)
+        try:
+            root = inbox.open_root()
+        except OSError:
+            return  # the inbox is gone for now; the next scan says so
+        with root:
+            try:
+                folder = root.walk(dirs)
+            except OSError:
+                inbox.tracker.forget(entry.relpath)  # its folder is gone or a link now
+                return
+            with folder:
+                probe, checked = await self._probe(inbox, folder, entry)
+                try:
+                    now_entry = entry_for(entry.path, entry.relpath, folder.lstat(name))
+                except OSError:
+                    now_entry = None
+                decision = readiness.decide(cand, probe, now_entry, inbox.cfg.quiet_seconds,
+                                            inbox.cfg.incomplete_seconds, time.monotonic())
+                await self._act(inbox, cand, folder, decision, checked)
+
+    async def _probe(self, inbox: Inbox, folder: safefs.Dir, entry: Entry
+                     ) -> tuple[readiness.Probe | None, os.stat_result | None]:
+        """The completeness check of the file ocrd opened (not of whatever the path
+        names by the time a worker looks). None for an entry that is not a regular file."""
+        if not entry.regular:
+            return None, None
+        name = entry.relpath.rsplit("/", 1)[-1]
+        try:
+            fd = folder.open_file(name)
+        except FileNotFoundError:
+            return errors.Unreadable("gone", reason="vanished"), None
+        except PermissionError:
+            return errors.Unreadable("ocrd has no permission to read the file (check its "
+                                     "owner and mode)"), None
+        except OSError:
+            return None, None  # no longer a regular file: readiness looks again
+        try:
+            checked = os.fstat(fd)
+            lim = self.cfg.limits
+            try:
+                info = await self.probe_pool.call(
+                    pages.probe, safefs.fd_path(fd), self.cfg.render.dpi, lim.max_pages,
+                    lim.max_file_bytes, lim.max_pixels)
+            except errors.OcrdError as e:
+                return e, checked
+            return info, checked
+        finally:
+            os.close(fd)
+
+    async def _act(self, inbox: Inbox, cand: Candidate, folder: safefs.Dir,
+                   decision: readiness.Decision, checked: os.stat_result | None) -> None:
+        entry = cand.entry
+        if isinstance(decision, readiness.Wait):
+            if decision.report:
+                cand.reported.add(decision.report)
+                log.info("file_incomplete", file=entry.relpath, reason=decision.reason,
+                         waiting_up_to=inbox.cfg.incomplete_seconds)
+            inbox.tracker.recheck_later(cand)
+        elif isinstance(decision, readiness.Forget):
+            inbox.tracker.forget(entry.relpath)
+        elif isinstance(decision, readiness.Changed):
+            inbox.tracker.observe(decision.entry)
+        else:
+            info = decision.info if isinstance(decision, readiness.Claim) else None
+            error = decision.error if isinstance(decision, readiness.Claim) else \
+                errors.NotRegularFile("not a regular file (a symbolic link, FIFO, socket or "
+                                      "device); ocrd never follows links out of an inbox — "
+                                      "copy the document itself into the inbox")
+            try:
+                item = self.claims.claim(inbox, folder, entry, checked, info, error)
+            except JournalUnwritable:
+                raise
+            except OSError as e:
+                log.error("claim_failed", file=entry.relpath, error=e.strerror or str(e),
+                          hint="the work area must be on the inbox's filesystem and "
+                          "writable")
+                inbox.tracker.recheck_later(cand)
+                return
+            self._state_backoff = 0.0
+            inbox.tracker.forget(entry.relpath)
+            if item is not None:
+                item.claimed_at = time.time()
+                self.submit(item)
+
+    def _state_unwritable(self, e: JournalUnwritable) -> None:
+        """The journal cannot take a claim: claim nothing for a while, fail nothing.
+        The pause grows once per failed try, not once per check that met it (several
+        run at a time)."""
+        now = time.monotonic()
+        if now < self.state_paused_until:
+            return
+        self._state_backoff = min(STATE_BACKOFF_SECONDS, max(1.0, self._state_backoff * 2))
+        self.state_paused_until = now + self._state_backoff
+        self.claims.journal.make_room()
+        log.error("state_unwritable", error=str(e), retry_in=self._state_backoff,
+                  hint="the state folder (journal) is full or read-only; ocrd claims no "
+                  "file until it can record the claim")
+
+
+def _testing_stall() -> None:
+    """TEST ONLY (tests/systemd): while the file named by OCRD_TEST_STALL_FILE exists,
+    the event loop is blocked on purpose, as a real hang would block it, so WATCHDOG=1
+    stops and systemd kills the daemon. Never set OCRD_TEST_STALL_FILE in production."""
+    stall_file = os.environ.get("OCRD_TEST_STALL_FILE")
+    while stall_file and os.path.exists(stall_file):
+        time.sleep(0.2)

@@ -1,0 +1,181 @@
+"""Readiness rules and the ignore list, with a controllable clock; `readiness.decide`
+as the pure function it is (no daemon, no files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ocrd import errors
+from ocrd.config import InboxConfig
+from ocrd.pages import DocInfo
+from ocrd.readiness import Changed, Claim, Forget, Reject, Tracker, Wait, decide
+from ocrd.watch import Entry, Ignore, fs_type, is_network_fs, scan
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def entry(rel: str, size: int = 10, mtime: int = 1) -> Entry:
+    return Entry(Path("/in") / rel, rel, size, mtime, 7, True)
+
+
+def test_quiet_period_restarts_on_every_change() -> None:
+    clock = Clock()
+    t = Tracker(quiet_seconds=5, incomplete_seconds=60, fast_close=False, clock=clock)
+    t.observe(entry("a.pdf", 10))
+    clock.t += 4
+    assert t.due() == []
+    t.observe(entry("a.pdf", 20))  # still growing
+    clock.t += 4
+    assert t.due() == []
+    clock.t += 1.1
+    assert [c.entry.relpath for c in t.due()] == ["a.pdf"]
+
+
+def test_close_event_is_a_fast_path_only_on_local_filesystems() -> None:
+    clock = Clock()
+    local = Tracker(5, 60, fast_close=True, clock=clock)
+    local.observe(entry("a.pdf"), closed=True)
+    assert len(local.due()) == 1
+    remote = Tracker(5, 60, fast_close=False, clock=clock)
+    remote.observe(entry("a.pdf"), closed=True)
+    assert remote.due() == []
+    # a change after the close cancels the fast path
+    local.observe(entry("a.pdf", 99))
+    assert local.due() == []
+
+
+def test_incomplete_files_are_rechecked_less_often_then_given_up() -> None:
+    clock = Clock()
+    t = Tracker(1, 30, fast_close=False, clock=clock)
+    cand = t.observe(entry("a.pdf"))
+    clock.t += 1
+    assert t.due() == [cand]
+    t.recheck_later(cand)
+    assert t.due() == []
+    clock.t += 2.1
+    assert t.due() == [cand]
+    truncated = errors.Truncated("no trailer yet")
+    assert isinstance(decide(cand, truncated, cand.entry, 1, 30, clock.t), Wait)
+    clock.t += 30
+    assert decide(cand, truncated, cand.entry, 1, 30, clock.t) == Claim(error=truncated)
+
+
+def test_ignore_rules() -> None:
+    box = InboxConfig(path=Path("/in"), outbox=Path("/o"), failed=Path("/f"),
+                      on_success="keep", ignore=["*.bak"], include=["*.pdf", "*.png"])
+    ig = Ignore(box)
+    for junk in [".DS_Store", "._x.pdf", "Thumbs.db", "~$x.docx", "x.pdf.part", "x.tmp",
+                 "x.crdownload", "x.pd~", "@eaDir/x.pdf", "#recycle/x.pdf", "a/.hidden/x.pdf",
+                 "x.bak", "desktop.ini", "x.PDF.PART"]:
+        assert not ig.wanted(junk), junk
+    for good in ["x.pdf", "Scan 01.PDF", "sub/y.png", "ünï.pdf"]:
+        assert ig.wanted(good), good
+    assert not ig.wanted("notes.txt")  # not included
+
+
+def test_scan_does_not_follow_symlinked_folders(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.pdf").write_text("x")
+    inbox = tmp_path / "in"
+    (inbox / "sub").mkdir(parents=True)
+    (inbox / "sub" / "a.pdf").write_text("x")
+    (inbox / "linkdir").symlink_to(outside)
+    (inbox / "link.pdf").symlink_to(outside / "secret.pdf")
+    (inbox / "dir.pdf").mkdir()  # a folder named like a document
+    box = InboxConfig(path=inbox, outbox=tmp_path / "o", failed=tmp_path / "f",
+                      on_success="keep", recursive=True)
+    found = {e.relpath: e.regular for e in scan(inbox, True, Ignore(box))}
+    assert found == {"sub/a.pdf": True, "link.pdf": False, "linkdir": False}
+
+
+def test_fs_type_reads_mountinfo() -> None:
+    assert fs_type(Path("/proc")) == "proc"
+    assert is_network_fs("nfs4") and is_network_fs("fuse.sshfs") and not is_network_fs("ext4")
+
+
+def test_moved_in_event_is_the_same_fast_path_as_close() -> None:
+    """IN_MOVED_TO ("write elsewhere, then mv") arrives as a complete hint, like a
+    close-after-write: due at once on a local filesystem (watch.py's handler)."""
+    from watchdog.events import FileCreatedEvent, FileMovedEvent
+
+    from ocrd.watch import _Handler
+
+    hints: list[tuple[str, bool, bool]] = []
+    handler = _Handler(lambda *h: hints.append(h))
+    handler.on_any_event(FileMovedEvent("", "/in/a.pdf"))  # moved in from outside
+    handler.on_any_event(FileMovedEvent("/in/a.part", "/in/b.pdf"))  # renamed inside
+    handler.on_any_event(FileCreatedEvent("/in/c.pdf"))  # about to be written
+    handler.on_any_event(FileMovedEvent("/in/d.pdf", ""))  # moved out: nothing to do
+    assert hints == [("/in/a.pdf", True, False), ("/in/b.pdf", True, False),
+                     ("/in/c.pdf", False, False)]
+
+
+# -- decide(): every rule, with a fake clock ----------------------------------------------
+
+INFO = DocInfo("pdf", "PDF", 1, "pypdfium2", 100)
+
+
+def cand_at(last_change: float, regular: bool = True, reported: set | None = None):
+    from ocrd.readiness import Candidate
+
+    e = Entry(Path("/in/a.pdf"), "a.pdf", 10, 1, 7, regular)
+    return Candidate(e, last_change, reported=reported or set())
+
+
+def test_decide_claims_a_complete_unchanged_file() -> None:
+    c = cand_at(0)
+    assert decide(c, INFO, c.entry, 5, 60, now=6) == Claim(info=INFO)
+
+
+def test_decide_observes_again_a_file_that_changed_while_checked() -> None:
+    c = cand_at(0)
+    grown = Entry(c.entry.path, "a.pdf", 20, 2, 7, True)
+    assert decide(c, INFO, grown, 5, 60, now=6) == Changed(grown)
+    replaced = Entry(c.entry.path, "a.pdf", 10, 1, 8, True)  # same size, new inode
+    assert decide(c, INFO, replaced, 5, 60, now=6) == Changed(replaced)
+
+
+def test_decide_forgets_a_vanished_file() -> None:
+    c = cand_at(0)
+    assert decide(c, INFO, None, 5, 60, now=6) == Forget()
+    gone = errors.Unreadable("gone", reason="vanished")
+    assert decide(c, gone, None, 5, 60, now=6) == Forget()
+
+
+@pytest.mark.parametrize("err", [errors.EmptyFile("0 bytes"), errors.Truncated("cut")])
+def test_decide_waits_for_an_incomplete_file_then_gives_up(err) -> None:  # noqa: ANN001
+    c = cand_at(0)
+    first = decide(c, err, c.entry, 5, 60, now=10)
+    assert first == Wait(report="incomplete", reason=err.reason)
+    c.reported.add("incomplete")
+    assert decide(c, err, c.entry, 5, 60, now=59.9) == Wait(report=None, reason=err.reason)
+    assert decide(c, err, c.entry, 5, 60, now=60) == Claim(error=err)
+
+
+def test_decide_fails_a_file_that_never_converts_once_it_is_quiet() -> None:
+    c = cand_at(0)
+    bad = errors.UnsupportedFormat("not a document")
+    assert decide(c, bad, c.entry, 5, 60, now=1) == Wait()  # closed early: quiet first
+    assert decide(c, bad, c.entry, 5, 60, now=5) == Claim(error=bad)
+
+
+def test_decide_looks_again_when_a_link_took_the_files_place_before_it_was_opened() -> None:
+    c = cand_at(0)
+    link = Entry(c.entry.path, "a.pdf", 30, 5, 99, False)
+    assert decide(c, None, link, 5, 60, now=6) == Changed(link)
+    assert decide(c, None, None, 5, 60, now=6) == Forget()
+
+
+def test_decide_rejects_a_link_or_fifo_once_quiet() -> None:
+    c = cand_at(0, regular=False)
+    assert decide(c, None, None, 5, 60, now=4) == Wait()
+    assert decide(c, None, None, 5, 60, now=5) == Reject()
