@@ -380,6 +380,42 @@ def pickup(quick: bool) -> list[Result]:
             Result("pickup_p95_vs_250ms", p95 / 250, 1.0, "<=", details)]
 
 
+def pickup_moved(quick: bool) -> list[Result]:
+    """A file renamed into the inbox (written elsewhere, then `mv`: complete when it
+    appears) against one written in place and closed, interleaved in one daemon with the
+    default quiet period (5 s). Both take the fast path; before IN_MOVED_TO did, a moved-in
+    file waited the whole quiet period."""
+    root = fresh("pickup_moved")
+    n = 20 if quick else 60
+    staging = root / "staging"
+    staging.mkdir(parents=True)
+    pdf = pdf_bytes(1)
+    _log(f"pickup_moved: {n} files, every other one moved in, quiet_seconds 5")
+    at: dict[str, tuple[str, float]] = {}
+    with DaemonProcess(root, daemon_config(root, INSTANT)).start() as d:
+        for i in range(n):
+            name = f"m{i:03d}.pdf"
+            if i % 2:
+                (staging / name).write_bytes(pdf)
+                os.rename(staging / name, d.inbox / name)
+                at[name] = ("moved", time.time())
+            else:
+                at[name] = ("closed", drop_file(d.inbox / name, pdf))
+            time.sleep(0.3)
+        d.wait_markdown(n, timeout=120)
+        claims = {e["file"]: event_time(e) for e in d.events("file_claimed")}
+    lat: dict[str, list[float]] = {"moved": [], "closed": []}
+    for name, (how, t) in at.items():
+        lat[how].append((claims[name] - t) * 1000)
+    p50 = {how: statistics.median(v) for how, v in lat.items()}
+    _log(f"  p50 moved {p50['moved']:.1f} ms, closed {p50['closed']:.1f} ms")
+    details = {"files": n, "quiet_seconds": 5, "p50_ms": {k: round(v, 2) for k, v in p50.items()},
+               "max_ms": {k: round(max(v), 2) for k, v in lat.items()},
+               "latencies_ms": {k: [round(x, 2) for x in sorted(v)] for k, v in lat.items()}}
+    return [Result("pickup_moved_p50_vs_closed", p50["moved"] / p50["closed"], 1.5, "<=",
+                   details)]
+
+
 # -- 5. burst -----------------------------------------------------------------------------
 
 
@@ -487,6 +523,7 @@ CASES = {
     "rendering": rendering,
     "memory": memory,
     "pickup": pickup,
+    "pickup_moved": pickup_moved,
     "burst": burst,
     "small_behind_large": small_behind_large,
 }

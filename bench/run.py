@@ -84,6 +84,9 @@ def summary(r: Result) -> str:
     if r.name.startswith("memory"):
         return (f"peak RSS {d['1000_pages']['peak_rss_mb']} MB (1,000 pages) vs "
                 f"{d['10_pages']['peak_rss_mb']} MB (10)")
+    if r.name == "pickup_moved_p50_vs_closed":
+        return (f"p50 moved in {d['p50_ms']['moved']} ms vs closed after writing "
+                f"{d['p50_ms']['closed']} ms, {d['files']} files, quiet 5 s")
     if r.name.startswith("pickup"):
         return f"p50 {d['p50_ms']} ms, p95 {d['p95_ms']} ms, {d['files']} files"
     if r.name.startswith("burst"):

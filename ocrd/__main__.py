@@ -1,7 +1,22 @@
-"""`python -m ocrd` is the same as the `ocrd` command."""
+"""The `ocrd` command's entry point (and `python -m ocrd`): refuses to start in an
+environment where another distribution shares the `ocrd` package, then runs the CLI."""
+
+from __future__ import annotations
 
 import sys
 
-from .cli import main
 
-sys.exit(main())
+def main() -> int:
+    from .owner import refusal
+
+    problem = refusal()
+    if problem is not None:
+        print(f"ocrd: cannot start: {problem}", file=sys.stderr)
+        return 2  # ExitCode.USAGE, without importing more of a package that may be mixed
+    from .cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,6 +48,7 @@ class Item:
     error: errors.OcrdError | None = None  # fail it instead of converting
     extra: dict = field(default_factory=dict)  # facts for the error file
     order: tuple = ()  # the scheduler's order key (batch, cost, seq), for the page slots
+    sha256: str | None = None  # once known (the conversion hashes the file)
 
     @property
     def name(self) -> str:

@@ -9,13 +9,19 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import __version__
+from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, check_folders, load_config, parse_config
 from .errors import ExitCode, OcrdError, exit_code_for
 from .names import shown
 
+if TYPE_CHECKING:
+    from .progress import Progress
+
 EPILOG = """\
+run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
+
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 2 usage or configuration error, 3 bad input (empty, truncated, unsupported, unreadable),
 4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 output not writable,
@@ -23,16 +29,20 @@ exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 """
 
 
+CONFIG_HELP = "YAML config file (default: $OCRD_CONFIG, else /etc/ocrd/config.yaml)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ocrd", description="OCR daemon: inbox folders → Markdown "
         "(DeepSeek-OCR-2 on vLLM, or tesseract on the CPU).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"ocrd {__version__}")
+    p.add_argument("--version", action="version",
+                   version=f"ocrd {__version__} ({owner.DISTRIBUTION})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
-    run.add_argument("-c", "--config", required=True, type=Path, help="YAML config file")
+    run.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
     conv = sub.add_parser("convert", help="convert files once and exit (exit 0 only if "
                           "every file converted)")
@@ -45,20 +55,29 @@ def build_parser() -> argparse.ArgumentParser:
                       help="override engine.kind")
     conv.add_argument("--prompt", choices=["markdown", "text"], default="markdown",
                       help="what to ask the model for (vllm/remote only)")
-    conv.add_argument("--quiet", action="store_true", help="no progress output")
+    conv.add_argument("-l", "--language", action="append", metavar="LANG",
+                      help="tesseract language(s): -l eng+deu, or -l eng -l deu (default: "
+                      "engine.tesseract.lang, eng); the DeepSeek-OCR-2 engines need none")
+    conv.add_argument("-j", "--jobs", type=_positive, metavar="N",
+                      help="processes that render pages and run tesseract (default: one "
+                      "per CPU core)")
+    conv.add_argument("-q", "--quiet", action="store_true",
+                      help="no progress; only failed files and errors")
+    conv.add_argument("-v", "--verbose", action="count", default=0,
+                      help="log events too, on their own lines: -v info, -vv debug")
 
     check = sub.add_parser("check-config", help="validate a config file and its folders")
-    check.add_argument("-c", "--config", required=True, type=Path)
+    check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
     status = sub.add_parser("status", help="queue, counts by state and recent failures")
-    status.add_argument("-c", "--config", required=True, type=Path)
+    status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("-n", type=int, default=10, help="recent failures to show")
 
     retry = sub.add_parser(
         "retry", help="put failed originals back into their inbox, to be converted again "
         "(works whether or not the daemon runs)")
-    retry.add_argument("-c", "--config", required=True, type=Path)
+    retry.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     which = retry.add_mutually_exclusive_group(required=True)
     which.add_argument("files", nargs="*", default=[], metavar="FILE",
                        help="a failed file: its path in the failed folder, its path "
@@ -91,19 +110,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import structlog
+
     from . import log, service
 
-    cfg = load_config(args.config)
+    found = configfile.find(args.config)
+    cfg = configfile.load(found)
+    credentials.api_key(cfg.engine)  # a missing key file stops the start, not a page
     log.setup(cfg.log.level, cfg.log.format)
-    return service.run(args.config)
+    structlog.get_logger("ocrd.cli").info("config_read", path=str(found.path),
+                                          origin=found.origin)
+    return service.run(found.path)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .web.auth import load_token
 
-    cfg = load_config(args.config)
+    found = configfile.find(args.config)
+    cfg = configfile.load(found)
     load_token(cfg.web)  # a token file that is set must be readable and long enough
-    problems = check_folders(cfg)
+    problems = check_folders(cfg) + _check_secrets_and_listen(cfg)
     for problem in problems:
         print(f"ocrd: {problem}", file=sys.stderr)
     if problems:
@@ -111,15 +137,37 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .engines import choose_kind
 
     kind, why = choose_kind(cfg.engine)
-    print(f"{args.config}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
+    print(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
     return ExitCode.OK
+
+
+def _check_secrets_and_listen(cfg: Config) -> list[str]:
+    problems = []
+    name = cfg.engine.api_key_credential
+    if name is not None and credentials.credential_path(name) is None:
+        print(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
+              "$CREDENTIALS_DIRECTORY, which only the service has; not checked here")
+    else:
+        try:
+            credentials.api_key(cfg.engine)
+        except ConfigError as e:
+            problems.append(str(e))
+    for key, value in (("metrics.listen", cfg.metrics.listen), ("web.listen", cfg.web.listen)):
+        if value is not None:
+            problem = listen.bind_problem(listen.parse(value))
+            if problem:
+                problems.append(f"{key} = {value!r}: {problem}")
+    return problems
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .journal import Journal
     from .status import daemon_metrics
 
-    cfg = load_config(args.config)
+    found = configfile.find(args.config)
+    cfg = configfile.load(found)
+    if not args.json:
+        print(f"config: {found}")
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
         print(f"no journal at {path}: the daemon has not run with this config yet")
@@ -131,6 +179,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     live = daemon_metrics(cfg.metrics.listen) if cfg.metrics.listen else None
     if args.json:
         print(json.dumps({
+            "config": {"path": str(found.path), "origin": found.origin},
             "counts": counts, "daemon": live,
             "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
                                  "message": j.message, "moved_to": shown(j.output or ""),
@@ -159,7 +208,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from .journal import Journal
     from .retry import RetryError, retry_job, select
 
-    cfg = load_config(args.config)
+    cfg = configfile.load(configfile.find(args.config))
     log.setup("warning", cfg.log.format)  # one line per file below says what happened
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
@@ -187,30 +236,57 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 1 if problems else ExitCode.OK
 
 
-def cmd_convert(args: argparse.Namespace) -> int:
-    from . import log
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, got {text!r}")
+    return int(text)
 
+
+def _convert_config(args: argparse.Namespace) -> Config:
+    """The config for one `ocrd convert`: the file's (or the defaults), with what the
+    command line says on top."""
     if args.config:
         cfg = load_config(args.config)
     else:
         cfg = parse_config({"state_dir": ".", "metrics": {"listen": None}}, Path.cwd())
+    engine = cfg.engine.model_dump()
     if args.engine:
-        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(
-            update={"kind": args.engine})})
-    log.setup("warning" if args.quiet else cfg.log.level, cfg.log.format)
+        engine["kind"] = args.engine
+    if args.language:
+        engine["tesseract"]["lang"] = "+".join(args.language)
+    render = cfg.render.model_dump()
+    if args.jobs:
+        engine["tesseract"]["workers"] = render["workers"] = args.jobs
+    return cfg.model_copy(update={"engine": type(cfg.engine).model_validate(engine),
+                                  "render": type(cfg.render).model_validate(render)})
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from . import log
+    from .progress import Progress
+
+    cfg = _convert_config(args)
     missing = [f for f in args.files if not f.exists()]
     for f in missing:
         print(f"ocrd: {f}: no such file", file=sys.stderr)
     if missing:
         return ExitCode.USAGE
+    progress = Progress(len(args.files), enabled=not args.quiet)
+    level = "error" if args.quiet else ("warning", "info", "debug")[min(args.verbose, 2)]
+    # Log events in the same words as the progress, unless JSON is asked for by name.
+    log.setup(level, "json" if cfg.log.format == "json" else "console",
+              stream=progress.lines())
     try:
-        failures = asyncio.run(_convert(cfg, args))
+        failures = asyncio.run(_convert(cfg, args, progress))
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    finally:
+        progress.finish()
     return exit_code_for(failures)
 
 
-async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
+async def _convert(cfg: Config, args: argparse.Namespace,
+                   progress: Progress) -> list[OcrdError]:
     from . import errors, outbox, pages, safefs
     from .engines import create_engine
     from .pipeline import Converter, Source
@@ -226,7 +302,7 @@ async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
     slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
     converter = Converter(cfg, engine, pool, slots)
     perms = outbox.Perms(tag=f"cli{os.getpid()}")
-    progress = Progress(len(args.files), enabled=not args.quiet)
+    progress.start()
     limit = asyncio.Semaphore(cfg.schedule.max_active_documents)
     failures: list[OcrdError] = []
 
@@ -268,29 +344,6 @@ async def _convert(cfg: Config, args: argparse.Namespace) -> list[OcrdError]:
         await engine.close()
         await pool.close()
     return failures
-
-
-class Progress:
-    """One line per finished file; on a terminal, a running `[k/n]` counter."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.count = 0
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-
-    def done(self, path: Path, text: str) -> None:
-        self.count += 1
-        if not self.enabled:
-            if text.startswith("FAILED"):
-                print(f"{path}: {text}", file=sys.stderr)
-            return
-        bar = ""
-        if self.tty:
-            width = 20
-            filled = int(width * self.count / max(1, self.total))
-            bar = "[" + "#" * filled + "." * (width - filled) + "] "
-        print(f"{bar}{self.count}/{self.total} {path}: {text}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import listen
+
 DEFAULT_MODEL = "deepseek-ai/DeepSeek-OCR-2"
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
@@ -199,7 +201,7 @@ class SimulatedConfig(_Strict):
     instant: bool = False
 
 
-class FaultsConfig(_Strict):
+class TestingFaultsConfig(_Strict):
     """Fault injection around any engine, for reliability tests only: every N-th page
     (counted per daemon run) meets the fault; 0 turns it off."""
 
@@ -216,7 +218,11 @@ class EngineConfig(_Strict):
     model: str = DEFAULT_MODEL
     # remote: base URLs of OpenAI-compatible servers, e.g. http://gpu1:8000/v1
     urls: list[str] = Field(default_factory=list)
+    # remote: the servers' API key, inline, or (better) from a file or a systemd
+    # credential (ocrd/credentials.py); at most one of the three
     api_key: str | None = None
+    api_key_file: Path | None = None
+    api_key_credential: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
     # remote: pages in flight per server
     concurrency_per_url: int = Field(default=32, ge=1)
     request_timeout_seconds: float = Field(default=600.0, gt=0)
@@ -228,8 +234,8 @@ class EngineConfig(_Strict):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
     simulated: SimulatedConfig = Field(default_factory=SimulatedConfig)
-    # reliability tests only (see FaultsConfig); null in production
-    faults: FaultsConfig | None = None
+    # TESTING ONLY (reliability tests; see TestingFaultsConfig): null in production
+    testing_faults: TestingFaultsConfig | None = None
 
     @model_validator(mode="after")
     def _remote_needs_urls(self) -> EngineConfig:
@@ -238,6 +244,10 @@ class EngineConfig(_Strict):
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"url {url!r} must start with http:// or https://")
+        given = [k for k, v in (("api_key", self.api_key), ("api_key_file", self.api_key_file),
+                                ("api_key_credential", self.api_key_credential)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set; give the key one way")
         return self
 
 
@@ -279,15 +289,6 @@ class LogConfig(_Strict):
     format: Literal["auto", "console", "json"] = "auto"
 
 
-def _check_hostport(v: str | None) -> str | None:
-    if v is None:
-        return v
-    host, sep, port = v.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be HOST:PORT, got {v!r}")
-    return v
-
-
 class MetricsConfig(_Strict):
     # host:port for /metrics, /healthz, /readyz; null turns it off
     listen: str | None = "127.0.0.1:9464"
@@ -295,7 +296,9 @@ class MetricsConfig(_Strict):
     @field_validator("listen")
     @classmethod
     def _hostport(cls, v: str | None) -> str | None:
-        return _check_hostport(v)
+        if v is not None:
+            listen.parse(v)  # a ValueError that says what is wrong
+        return v
 
 
 class WebConfig(_Strict):
@@ -316,7 +319,9 @@ class WebConfig(_Strict):
     @field_validator("listen")
     @classmethod
     def _hostport(cls, v: str | None) -> str | None:
-        return _check_hostport(v)
+        if v is not None:
+            listen.parse(v)  # a ValueError that says what is wrong
+        return v
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> WebConfig:
@@ -327,18 +332,11 @@ class WebConfig(_Strict):
         return self
 
     @property
-    def host(self) -> str:
-        return (self.listen or "").rpartition(":")[0].strip("[]")
-
-    @property
     def loopback(self) -> bool:
         """Reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
-        if self.listen is None or self.host == "localhost":
+        if self.listen is None:
             return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False  # a host name: whatever it resolves to, treat it as exposed
+        return ipaddress.ip_address(listen.parse(self.listen).host).is_loopback
 
 
 class Config(_Strict):
@@ -393,6 +391,7 @@ class Config(_Strict):
             box.outbox = fix(box.outbox)  # type: ignore[assignment]
             box.failed = fix(box.failed)  # type: ignore[assignment]
             box.archive = fix(box.archive)
+        data.engine.api_key_file = fix(data.engine.api_key_file)
         return data
 
 

@@ -32,10 +32,6 @@ class OcrdError(Exception):
         if reason is not None:
             self.reason = reason
 
-    @property
-    def message(self) -> str:
-        return str(self)
-
 
 class EmptyFile(OcrdError):
     reason = "empty"

@@ -102,6 +102,7 @@ class Jobs:
             log.info("file_requeued", file=item.relpath, why="stopping")
             raise
         except errors.OcrdError as e:
+            item.sha256, item.info = src.sha256, src.info
             await self.outcomes.fail(item, e)
         except OSError as e:
             # The destination is full, read-only or gone: not the file's fault. Keep it

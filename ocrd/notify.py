@@ -42,12 +42,18 @@ class Notifier:
             with contextlib.suppress(ValueError):
                 self.watchdog_seconds = int(usec) / 1e6
         self._sock: socket.socket | None = None
+        # The last STATUS= sent (or that would have been, without systemd): /readyz
+        # tells it as the reason it is not ready.
+        self.status = "starting"
 
     @property
     def enabled(self) -> bool:
         return bool(self.address)
 
     def send(self, *fields: str) -> None:
+        for f in fields:
+            if f.startswith("STATUS="):
+                self.status = f.removeprefix("STATUS=")
         if not self.address:
             return
         addr = self.address

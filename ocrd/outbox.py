@@ -209,11 +209,10 @@ def move_unique(src: Dir, name: str, dest: Dir, wanted: str, perms: Perms | None
     raise AssertionError("unreachable")
 
 
-def write_error(folder: Dir, failed_name: str, body: dict, perms: Perms) -> str:
-    """failed_name.error.json beside a failed original; never replaces a file of that
-    name (a user's own `x.pdf.error.json`): the next free name is taken then. Returns
-    the name written."""
-    data = names.json_bytes(body)
+def write_error(folder: Dir, failed_name: str, data: bytes, perms: Perms) -> str:
+    """failed_name.error.json (data: records.error_json) beside a failed original; never
+    replaces a file of that name (a user's own `x.pdf.error.json`): the next free name
+    is taken then. Returns the name written."""
     first = fit_name(failed_name, ERROR_SUFFIX)
     stem = first.removesuffix(ERROR_SUFFIX).removesuffix(".error")
     for candidate in (first, *(fit_name(f"{stem}.error-{n}", ".json")

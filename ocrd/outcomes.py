@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from . import errors, names, outbox, safefs
+from . import errors, names, outbox, records, safefs
 from .claims import Item
 from .inboxes import Inbox, remove_empty
 from .journal import Journal, JournalUnwritable
@@ -176,24 +176,26 @@ class Outcomes:
 
     def _move_failed(self, item: Item, err: errors.OcrdError, attempts: int) -> str:
         inbox = item.inbox
-        body = {"reason": err.reason, "message": str(err), "source": item.relpath,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "attempts": attempts, **item.extra}
+        extra = {"attempts": attempts, **item.extra}
         plain = item.retries >= OWN_FAILURE_TRIES
         with safefs.Dir.open_root(inbox.cfg.failed, create=True) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))
                                          if plain else item.folders, inbox.perms)
             with folder:
+                size = None
                 try:
                     with item.open_claim_folder() as claim:
+                        st = claim.lstat(item.name)
+                        size = st.st_size if stat.S_ISREG(st.st_mode) else None
                         name = self._move_entry(claim, item, folder, plain)
-                    where = name
+                    extra["entry"] = "/".join((*used, name))
                 except (FileNotFoundError, safefs.Blocked):
                     name = plain_name(item.name) if plain else item.name
-                    where = None
-                body["entry"] = "/".join((*used, name)) if where else "gone (not in the " \
-                    "work area any more)"
-                outbox.write_error(folder, name, body, inbox.perms)
+                    extra["entry"] = "gone (not in the work area any more)"
+                source = records.source(item.relpath, str(inbox.path), size, item.sha256,
+                                        item.info)
+                data = records.error_json(err.reason, str(err), source, time.time(), extra)
+                outbox.write_error(folder, name, data, inbox.perms)
         self._tidy(item)
         return str(inbox.cfg.failed.joinpath(*used, name))
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, markdown, names, outbox, pages, safefs
+from . import __version__, errors, markdown, names, outbox, pages, records, safefs
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -340,18 +340,13 @@ class Converter:
 
     def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: str,
                  staging: Staging, t0: float) -> dict:
-        page_meta = [{k: v for k, v in r.items() if k != "markdown"} for r in results]
+        page_meta = [records.page(r) for r in results]
         degraded = [r["page"] for r in results if r["status"] == "degraded"]
         return {
+            "schema_version": records.SIDECAR_SCHEMA_VERSION,
             "ocrd_version": __version__,
-            "source": {
-                "path": src.name,
-                "inbox": src.inbox,
-                "size": os.fstat(src.fd).st_size,
-                "sha256": src.sha256,
-                "format": info.format,
-                "renderer": info.renderer,
-            },
+            "source": records.source(src.name, src.inbox, os.fstat(src.fd).st_size,
+                                     src.sha256, info),
             "engine": self.engine.describe(),
             "prompt": src.prompt_mode if self.engine.output_format == "grounding" else None,
             "page_count": info.pages,
@@ -362,9 +357,9 @@ class Converter:
                 "assets": staging.final if staging.used else None,
             },
             "timings": {
-                "claimed_at": src.claimed_at,
-                "started_at": t0,
-                "finished_at": time.time(),
+                "claimed_at": records.iso(src.claimed_at),
+                "started_at": records.iso(t0),
+                "finished_at": records.iso(time.time()),
                 "seconds": round(time.time() - t0, 4),
             },
             "pages": page_meta,

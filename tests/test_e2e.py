@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,8 @@ def test_preexisting_file_chunked_write_part_rename_and_junk(tmp_path: Path) -> 
     assert claims.count("early.pdf") == 1
     slow_meta = json.loads((d.outbox / "slow.json").read_text())
     assert slow_meta["source"]["size"] == len(data) and slow_meta["page_count"] == 2
-    assert slow_meta["timings"]["claimed_at"] >= t_complete - 0.05
+    claimed_at = datetime.fromisoformat(slow_meta["timings"]["claimed_at"]).timestamp()
+    assert claimed_at >= t_complete - 0.05
     assert files_under(d.outbox) == sorted(
         f"{s}.{x}" for s in ("early", "renamed", "slow") for x in ("json", "md"))
     assert not d.failed.exists() or files_under(d.failed) == []

@@ -57,6 +57,9 @@ def test_metrics_move_during_a_conversion(tmp_path: Path) -> None:
     assert samples[-1]["ocrd_claims_total"] == 1
     assert samples[-1]["ocrd_rescans_total"] >= 1
     assert samples[-1]["ocrd_last_success_timestamp_seconds"] > 0
-    assert samples[-1]["ocrd_file_seconds_count"] == 1
+    assert samples[-1]["ocrd_file_duration_seconds_count"] == 1
+    assert samples[-1]["ocrd_page_duration_seconds_count"] == 12
+    assert samples[-1]["process_resident_memory_bytes"] > 10e6
+    assert not [k for k in samples[-1] if k.split("{")[0].endswith("_created")]
     assert "ocrd_build_info{engine=tesseract,model=tesseract:eng,version=0.1.0}" in samples[-1]
     assert status == 404

@@ -116,16 +116,23 @@ def environ_of(pid: int) -> dict[str, str]:
                 if "=" in item)
 
 
-def test_notify_sequence_reload_stop_and_no_leak_to_children(tmp_path: Path) -> None:
-    notify = NotifySocket(tmp_path / "notify.sock")
-    d = Daemon(tmp_path / "d", render={"workers": 2})
+def start_notified(d: Daemon, notify: NotifySocket, watchdog_usec: int = 2_000_000) -> None:
+    """`ocrd run` as systemd starts it: NOTIFY_SOCKET and WATCHDOG_USEC set."""
     d.write_config()
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"}
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path),
+           "WATCHDOG_USEC": str(watchdog_usec)}
     env.pop("WATCHDOG_PID", None)
-    with open(d.log_path, "ab") as logf, d:
+    with open(d.log_path, "ab") as logf:
         d.proc = subprocess.Popen([sys.executable, "-m", "ocrd", "run", "-c",
                                    str(d.config_path)], stdout=logf, stderr=subprocess.STDOUT,
                                   env=env, start_new_session=True)
+
+
+def test_notify_sequence_reload_stop_and_no_leak_to_children(tmp_path: Path) -> None:
+    notify = NotifySocket(tmp_path / "notify.sock")
+    d = Daemon(tmp_path / "d", render={"workers": 2})
+    with d:
+        start_notified(d, notify)
         try:
             ready = notify.wait("READY=1", timeout=60)
             before = notify.all()[:ready]
@@ -253,15 +260,10 @@ def test_watchdog_pings_go_on_through_a_long_document_and_after_idle(tmp_path: P
         "prefill_seconds_per_megapixel": 0, "decode_steps": 12, "decode_jitter": 0}},
         schedule={"pages_in_flight": 1, "page_timeout_seconds": 2},
         render={"workers": 1, "dpi": 36})
-    d.write_config()
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"}
-    env.pop("WATCHDOG_PID", None)
     long_doc = make_pdf(tmp_path / "long.pdf", [[f"page {i}"] for i in range(40)])
     short_doc = make_pdf(tmp_path / "short.pdf", [[f"page {i}"] for i in range(12)])
-    with open(d.log_path, "ab") as logf, d:
-        d.proc = subprocess.Popen([sys.executable, "-m", "ocrd", "run", "-c",
-                                   str(d.config_path)], stdout=logf, stderr=subprocess.STDOUT,
-                                  env=env, start_new_session=True)
+    with d:
+        start_notified(d, notify)
         try:
             ready = notify.wait("READY=1", timeout=60)
             notify.wait("WATCHDOG=1", ready, timeout=10)

@@ -90,7 +90,7 @@ def test_move_unique_keeps_a_users_error_json_apart(tmp_path: Path) -> None:
         (tmp_path / "work" / "x.pdf").write_text("doc")
         name = outbox.move_unique(work, "x.pdf", failed, "x.pdf",
                                   siblings=(outbox.ERROR_SUFFIX,))
-        written = outbox.write_error(failed, name, {"reason": "x"}, Perms())
+        written = outbox.write_error(failed, name, b"{}", Perms())
     assert (name, written) == ("x-2.pdf", "x-2.pdf.error.json")
     assert (tmp_path / "failed" / "x.pdf.error.json").read_text() == "the user's own"
 
@@ -98,7 +98,7 @@ def test_move_unique_keeps_a_users_error_json_apart(tmp_path: Path) -> None:
 def test_write_error_never_replaces(tmp_path: Path) -> None:
     with d(tmp_path) as folder:
         (tmp_path / "x.pdf.error.json").write_text("the user's own")
-        assert outbox.write_error(folder, "x.pdf", {"r": 1}, Perms()) == "x.pdf.error-2.json"
+        assert outbox.write_error(folder, "x.pdf", b"{}", Perms()) == "x.pdf.error-2.json"
     assert (tmp_path / "x.pdf.error.json").read_text() == "the user's own"
 
 

@@ -25,6 +25,18 @@ def slow_daemon(tmp_path: Path, **top) -> Daemon:  # noqa: ANN003
     return d
 
 
+def reload_and_finish(d: Daemon, n: int, event: str) -> None:
+    """SIGHUP with d.config; then every one of doc0..doc{n-1} converts."""
+    d.write_config()
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: d.event(event), 30, event)
+    wait_for(lambda: all((d.outbox / f"doc{i}.md").exists() for i in range(n)), 90,
+             f"all {n} claimed files converted after the reload")
+    # the .md appears before the original leaves the work area (outputs first): wait
+    # for that, as long as a stranded file would need to show itself
+    wait_for(lambda: claimed_files(d.inbox) == [], 30, "the work area empty")
+
+
 def test_a_reload_that_changes_an_inbox_keeps_its_queued_files(tmp_path: Path) -> None:
     with slow_daemon(tmp_path) as d:
         d.start()
@@ -32,14 +44,7 @@ def test_a_reload_that_changes_an_inbox_keeps_its_queued_files(tmp_path: Path) -
             make_pdf(d.inbox / f"doc{i}.pdf", [sentence_lines(i, 2)] * 2)
         wait_for(lambda: len(d.events("file_claimed")) == 6, 60, "six claimed")
         d.config["inboxes"][0]["quiet_seconds"] = 0.7  # a changed inbox
-        d.write_config()
-        d.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: d.event("reloaded"), 30, "reloaded")
-        wait_for(lambda: all((d.outbox / f"doc{i}.md").exists() for i in range(6)), 90,
-                 "all six converted after the reload")
-        # the .md appears before the original leaves the work area (outputs first):
-        # wait for that, as long as a stranded file would need to show itself
-        wait_for(lambda: claimed_files(d.inbox) == [], 30, "the work area empty")
+        reload_and_finish(d, 6, "reloaded")
 
 
 def test_fifty_reloads_in_five_seconds_strand_nothing(tmp_path: Path) -> None:
@@ -72,14 +77,7 @@ def test_a_removed_inbox_finishes_what_it_claimed(tmp_path: Path) -> None:
         other.mkdir()
         d.config["inboxes"] = [{"path": str(other), "outbox": str(tmp_path / "o2"),
                                 "failed": str(tmp_path / "f2"), "on_success": "delete"}]
-        d.write_config()
-        d.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: d.event("inbox_removed"), 30, "inbox removed")
-        wait_for(lambda: all((d.outbox / f"doc{i}.md").exists() for i in range(4)), 90,
-                 "its claimed files converted")
-        # the .md appears before the original leaves the work area (outputs first):
-        # wait for that, as long as a stranded file would need to show itself
-        wait_for(lambda: claimed_files(d.inbox) == [], 30, "the work area empty")
+        reload_and_finish(d, 4, "inbox_removed")
 
 
 def test_drain_timeout_zero_stops_now_and_leaves_pages_claimed(tmp_path: Path) -> None:

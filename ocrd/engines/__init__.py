@@ -8,6 +8,7 @@ import os
 import structlog
 
 from ..config import EngineConfig
+from ..credentials import with_api_key
 from .base import Engine, PageOutput, PageRequest
 
 __all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine"]
@@ -41,12 +42,13 @@ def choose_kind(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def create_engine(cfg: EngineConfig) -> Engine:
+    cfg = with_api_key(cfg)  # the engines read only `api_key`
     engine = _create(cfg)
-    if cfg.faults is not None:
+    if cfg.testing_faults is not None:
         from .faults import FaultyEngine
 
-        log.warning("engine_faults_injected", faults=cfg.faults.model_dump())
-        engine = FaultyEngine(engine, cfg.faults)
+        log.warning("engine_faults_injected", faults=cfg.testing_faults.model_dump())
+        engine = FaultyEngine(engine, cfg.testing_faults)
     return engine
 
 

@@ -1,4 +1,5 @@
-"""Fault injection around a real engine, for reliability tests (`engine.faults`).
+"""TESTING ONLY: fault injection around a real engine, for the reliability tests
+(`engine.testing_faults`; never set in production).
 
 Faults are deterministic (every N-th page of this run), so a test knows what to expect:
 errors the daemon must retry, hangs it must time out, garbage it must still turn into a
@@ -12,13 +13,13 @@ import asyncio
 import random
 import time
 
-from ..config import FaultsConfig
+from ..config import TestingFaultsConfig
 from ..errors import EngineDead, EngineUnavailable
 from .base import Engine, PageOutput, PageRequest
 
 
 class FaultyEngine(Engine):
-    def __init__(self, inner: Engine, faults: FaultsConfig) -> None:
+    def __init__(self, inner: Engine, faults: TestingFaultsConfig) -> None:
         self.inner = inner
         self.faults = faults
         self.kind = inner.kind

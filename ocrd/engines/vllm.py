@@ -178,7 +178,7 @@ class _VllmApi:
         except ImportError as e:
             raise ModuleNotFoundError(
                 f"engine.kind 'vllm' needs vLLM, which is not importable here ({e}); "
-                "install it with: pip install 'ocrd[vllm]'", name="vllm") from e
+                "install it with: pip install 'ocr-inbox-daemon[vllm]'", name="vllm") from e
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.sampling_params import RequestOutputKind

@@ -127,7 +127,12 @@ class Fuzz:
         stage = os.path.join(os.fsencode(self.private), b"stage-%d" % self.seq)
         with open(stage, "wb") as f:
             f.write(data)
-        os.rename(stage, path)  # a careful writer: complete when it appears
+        try:  # a careful writer: complete when it appears (link: never replaces)
+            os.link(stage, path)
+        except OSError:
+            return  # the name is taken (a folder made by op_mkdir)
+        finally:
+            os.unlink(stage)
         self.produced[sha(data)] += 1
 
     def op_write_chunked(self) -> None:
@@ -136,7 +141,10 @@ class Fuzz:
         data = data.replace(b"%%EOF", b"") + b"%%EOF\n"
         path = os.path.join(os.fsencode(self.inbox), self.rng.choice(self.folders()),
                             self.name())
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:
+            return  # the name is taken
         self.writing[os.fstat(fd).st_ino] = [fd, data, 0]
 
     def continue_writes(self) -> None:

@@ -1,6 +1,6 @@
 """An engine that raises, hangs, returns garbage, dies or cannot be reached: bounded
 retries, pages re-queued, never a silent drop. The simulated engine with injected faults
-(engine.faults) stands in for a GPU engine; the faults are deterministic."""
+(engine.testing_faults) stands in for a GPU engine; the faults are deterministic."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def docs(tmp_path: Path, n: int, pages: int = 2) -> list[Path]:
 
 
 def test_errors_hangs_and_garbage_are_retried_and_every_page_kept(tmp_path: Path) -> None:
-    engine = {**FAST, "faults": {"error_every": 3, "hang_every": 7, "garbage_every": 5}}
+    engine = {**FAST, "testing_faults": {"error_every": 3, "hang_every": 7, "garbage_every": 5}}
     files = docs(tmp_path, 6)
     with Daemon(tmp_path / "d", engine=engine,
                 schedule={"page_timeout_seconds": 1.5, "page_retries": 4}) as d:
@@ -44,7 +44,7 @@ def test_errors_hangs_and_garbage_are_retried_and_every_page_kept(tmp_path: Path
 
 
 def test_a_page_the_engine_always_fails_fails_its_file_not_the_daemon(tmp_path: Path) -> None:
-    engine = {**FAST, "faults": {"error_every": 1}}
+    engine = {**FAST, "testing_faults": {"error_every": 1}}
     (f,) = docs(tmp_path, 1)
     with Daemon(tmp_path / "d", engine=engine, schedule={"page_retries": 1}) as d:
         d.start()
@@ -58,7 +58,7 @@ def test_a_page_the_engine_always_fails_fails_its_file_not_the_daemon(tmp_path: 
 def test_engine_death_exits_non_zero_and_the_next_start_finishes_the_work(
         tmp_path: Path) -> None:
     files = docs(tmp_path, 5)
-    d = Daemon(tmp_path / "d", engine={**FAST, "faults": {"die_after": 3}})
+    d = Daemon(tmp_path / "d", engine={**FAST, "testing_faults": {"die_after": 3}})
     with d:
         d.start()
         for f in files:
@@ -78,7 +78,7 @@ def test_engine_death_exits_non_zero_and_the_next_start_finishes_the_work(
 
 def test_unreachable_engine_pauses_intake_and_fails_nothing(tmp_path: Path) -> None:
     files = docs(tmp_path, 3, pages=1)
-    engine = {**FAST, "faults": {"unavailable_seconds": 5}}
+    engine = {**FAST, "testing_faults": {"unavailable_seconds": 5}}
     with Daemon(tmp_path / "d", engine=engine) as d:
         d.start()
         drop(files[0], d.inbox / files[0].name)

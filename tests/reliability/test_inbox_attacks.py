@@ -186,7 +186,7 @@ def test_a_users_file_named_like_an_error_file_is_never_replaced(tmp_path: Path)
     assert (d.failed / "x.pdf.error.json").read_bytes() == b"my own notes, not JSON at all"
     assert (d.failed / "x-2.pdf").read_bytes() == b"not a PDF either"
     err = json.loads((d.failed / "x-2.pdf.error.json").read_text())
-    assert err["reason"] == "unsupported_format" and err["source"] == "x.pdf"
+    assert err["reason"] == "unsupported_format" and err["source"]["path"] == "x.pdf"
 
 
 def test_files_planted_in_the_work_area_go_to_failed_not_beside_the_outbox(

@@ -59,7 +59,7 @@ def test_names_that_are_not_utf8_convert_and_survive_restarts(tmp_path: Path,
         assert os.fsencode(side["source"]["path"]) == LATIN1, side["source"]
         err = json.loads(bpath(d.failed, b"junk \xff\xfe.pdf.error.json").read_bytes())
         assert err["reason"] == "unsupported_format"
-        assert os.fsencode(err["source"]) == b"junk \xff\xfe.pdf"
+        assert os.fsencode(err["source"]["path"]) == b"junk \xff\xfe.pdf"
         # The logs name it, readably.
         claimed = [e["file"] for e in d.events("file_claimed")]
         assert "r\\xe9sum\\xe9 bad\\xff.pdf" in claimed, claimed

@@ -31,7 +31,7 @@ def probe(url: str) -> int | None:
 
 
 def daemon_engine(cfg: EngineConfig) -> dict:
-    data = cfg.model_dump(mode="json", exclude={"faults"})
+    data = cfg.model_dump(mode="json", exclude={"testing_faults"})
     return data
 
 
