@@ -289,16 +289,17 @@ class LogConfig(_Strict):
     format: Literal["auto", "console", "json"] = "auto"
 
 
+def _address(v: str | None) -> str | None:
+    if v is not None:
+        listen.parse(v)  # a ValueError that says what is wrong
+    return v
+
+
 class MetricsConfig(_Strict):
     # host:port for /metrics, /healthz, /readyz; null turns it off
     listen: str | None = "127.0.0.1:9464"
 
-    @field_validator("listen")
-    @classmethod
-    def _hostport(cls, v: str | None) -> str | None:
-        if v is not None:
-            listen.parse(v)  # a ValueError that says what is wrong
-        return v
+    _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 
 
 class WebConfig(_Strict):
@@ -316,12 +317,7 @@ class WebConfig(_Strict):
     previews_days: float = Field(default=30.0, gt=0)
     previews_max_bytes: int = Field(default=2 * 1024**3, ge=0)
 
-    @field_validator("listen")
-    @classmethod
-    def _hostport(cls, v: str | None) -> str | None:
-        if v is not None:
-            listen.parse(v)  # a ValueError that says what is wrong
-        return v
+    _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> WebConfig:

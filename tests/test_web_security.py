@@ -178,9 +178,11 @@ def test_with_a_token_everything_but_healthz_needs_it(tmp_path: Path) -> None:
 
 
 def test_off_loopback_without_a_token_is_refused() -> None:
-    for listen in ("0.0.0.0:9465", "192.0.2.7:9465", "[::]:9465", "nas.local:9465"):
+    for listen in ("0.0.0.0:9465", "192.0.2.7:9465", "[::]:9465"):
         with pytest.raises(ValueError, match="not a loopback address"):
             WebConfig(listen=listen)
+    with pytest.raises(ValueError, match="not an IP address"):  # names are not guessed
+        WebConfig(listen="nas.local:9465", token_file=Path("t"))
     for listen in ("127.0.0.1:9465", "127.0.0.5:1", "[::1]:9465", "localhost:9465"):
         assert WebConfig(listen=listen).loopback
 

@@ -14,6 +14,7 @@ import threading
 import structlog
 import uvicorn
 
+from .. import listen
 from ..config import Config
 from ..previews import Previews
 from .app import create_app
@@ -53,22 +54,18 @@ class Console:
                 log.error("console_unavailable", listen=cfg.web.listen, error=str(e))
         return console
 
-    def _listen(self, listen: str) -> None:
-        host, _, port = listen.rpartition(":")
-        host = host.strip("[]") or "127.0.0.1"
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+    def _listen(self, text: str) -> None:
+        addr = listen.parse(text)
+        sock = socket.socket(addr.family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, int(port)))
+            sock.bind((addr.host, addr.port))
             sock.listen(128)
         except OSError:
             sock.close()
             raise
         self._sock = sock
-        bound = sock.getsockname()
-        self.address = f"[{host}]:{bound[1]}" if family == socket.AF_INET6 else \
-            f"{host}:{bound[1]}"
+        self.address = str(addr._replace(port=sock.getsockname()[1]))
         config = uvicorn.Config(create_app(self.ctx), log_config=None, access_log=False,
                                 lifespan="off", loop="asyncio", http="h11", ws="none",
                                 timeout_graceful_shutdown=2, server_header=False)
