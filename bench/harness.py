@@ -253,6 +253,9 @@ def daemon_config(root: Path, engine: dict, **top: Any) -> dict:
         "state_dir": str(root / "state"),
         "engine": engine,
         "metrics": {"listen": None},
+        # the console off (runs must not collide on its port); page previews on, as in
+        # production
+        "web": {"listen": None},
         "log": {"level": "info", "format": "json"},
         "inboxes": [{"path": str(root / "inbox"), "outbox": str(root / "outbox"),
                      "failed": str(root / "failed"), "archive": str(root / "archive"),

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cases import CASES, Result  # noqa: E402
+from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
@@ -94,6 +95,9 @@ def summary(r: Result) -> str:
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
+
+
+CASES.update(CONSOLE_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("-n", type=int, default=10, help="recent failures to show")
+
+    retry = sub.add_parser(
+        "retry", help="put failed originals back into their inbox, to be converted again "
+        "(works whether or not the daemon runs)")
+    retry.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
+    which = retry.add_mutually_exclusive_group(required=True)
+    which.add_argument("files", nargs="*", default=[], metavar="FILE",
+                       help="a failed file: its path in the failed folder, its path "
+                       "relative to the inbox, or its id in the console")
+    which.add_argument("--all", action="store_true", help="every failed file")
+    which.add_argument("--reason", metavar="REASON",
+                       help="every file that failed for REASON (e.g. engine_failed)")
     return p
 
 
@@ -87,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check(args)
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "retry":
+            return cmd_retry(args)
     except ConfigError as e:
         print(f"ocrd: configuration error: {e}", file=sys.stderr)
         return ExitCode.USAGE
@@ -110,8 +124,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from .web.auth import load_token
+
     found = configfile.find(args.config)
     cfg = configfile.load(found)
+    load_token(cfg.web)  # a token file that is set must be readable and long enough
     problems = check_folders(cfg) + _check_secrets_and_listen(cfg)
     for problem in problems:
         print(f"ocrd: {problem}", file=sys.stderr)
@@ -135,10 +152,11 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
             credentials.api_key(cfg.engine)
         except ConfigError as e:
             problems.append(str(e))
-    if cfg.metrics.listen is not None:
-        problem = listen.bind_problem(listen.parse(cfg.metrics.listen))
-        if problem:
-            problems.append(f"metrics.listen = {cfg.metrics.listen!r}: {problem}")
+    for key, value in (("metrics.listen", cfg.metrics.listen), ("web.listen", cfg.web.listen)):
+        if value is not None:
+            problem = listen.bind_problem(listen.parse(value))
+            if problem:
+                problems.append(f"{key} = {value!r}: {problem}")
     return problems
 
 
@@ -183,6 +201,39 @@ def cmd_status(args: argparse.Namespace) -> int:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.finished or 0))
             print(f"  {when}  {shown(j.relpath)}  [{j.reason}] {j.message}")
     return ExitCode.OK
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from . import log
+    from .journal import Journal
+    from .retry import RetryError, retry_job, select
+
+    cfg = configfile.load(configfile.find(args.config))
+    log.setup("warning", cfg.log.format)  # one line per file below says what happened
+    path = cfg.state_dir / "journal.sqlite3"
+    if not path.exists():
+        print(f"ocrd: no journal at {path}: nothing has failed yet", file=sys.stderr)
+        return ExitCode.USAGE
+    journal = Journal(path)
+    try:
+        ids = [int(f) for f in args.files if f.isdigit()]
+        jobs = select(journal, ids=ids, paths=[f for f in args.files if not f.isdigit()],
+                      reason=args.reason, everything=args.all)
+        if not jobs:
+            print("ocrd: no failed file matches", file=sys.stderr)
+            return 1 if args.files else ExitCode.OK
+        problems = 0
+        for job in jobs:
+            try:
+                dest = retry_job(cfg, journal, job)
+            except RetryError as e:
+                problems += 1
+                print(f"ocrd: {e}", file=sys.stderr)
+                continue
+            print(f"{shown(job.relpath)} [{job.reason}] → {shown(str(dest))}")
+    finally:
+        journal.close()
+    return 1 if problems else ExitCode.OK
 
 
 def _positive(text: str) -> int:

@@ -7,6 +7,7 @@ be silently ignored), and every error names the key and the offending value.
 from __future__ import annotations
 
 import grp
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -288,16 +289,50 @@ class LogConfig(_Strict):
     format: Literal["auto", "console", "json"] = "auto"
 
 
+def _address(v: str | None) -> str | None:
+    if v is not None:
+        listen.parse(v)  # a ValueError that says what is wrong
+    return v
+
+
 class MetricsConfig(_Strict):
     # host:port for /metrics, /healthz, /readyz; null turns it off
     listen: str | None = "127.0.0.1:9464"
 
-    @field_validator("listen")
-    @classmethod
-    def _hostport(cls, v: str | None) -> str | None:
-        if v is not None:
-            listen.parse(v)  # a ValueError that says what is wrong
-        return v
+    _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
+
+
+class WebConfig(_Strict):
+    """The console (ocrd/web/): status, files, page review, retry; and its JSON API."""
+
+    # host:port of the console; null turns it off. Off loopback a token is required.
+    listen: str | None = "127.0.0.1:9465"
+    # file holding the access token (one line); relative names are looked up in
+    # $CREDENTIALS_DIRECTORY first (systemd LoadCredential=). Required off loopback.
+    token_file: Path | None = None
+    # a small JPEG of every rendered page (long side <= 1600 px), written while
+    # converting under state_dir/previews, for the review page; kept this many days and
+    # at most this many bytes in all (oldest documents removed first)
+    previews: bool = True
+    previews_days: float = Field(default=30.0, gt=0)
+    previews_max_bytes: int = Field(default=2 * 1024**3, ge=0)
+
+    _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> WebConfig:
+        if not self.loopback and self.token_file is None:
+            raise ValueError(f"listen {self.listen!r} is not a loopback address: set "
+                             "web.token_file (a file, or a systemd credential's name) so "
+                             "the console needs a token, or listen on 127.0.0.1")
+        return self
+
+    @property
+    def loopback(self) -> bool:
+        """Reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+        if self.listen is None:
+            return True
+        return ipaddress.ip_address(listen.parse(self.listen).host).is_loopback
 
 
 class Config(_Strict):
@@ -313,6 +348,7 @@ class Config(_Strict):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    web: WebConfig = Field(default_factory=WebConfig)
     inboxes: list[InboxConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -342,6 +378,10 @@ class Config(_Strict):
 
         data = self.model_copy(deep=True)
         data.state_dir = fix(data.state_dir)  # type: ignore[assignment]
+        token = data.web.token_file
+        # A bare name may be a systemd credential (looked up at start); a path is a path.
+        if token is not None and len(token.parts) > 1:
+            data.web.token_file = fix(token)
         for box in data.inboxes:
             box.path = fix(box.path)  # type: ignore[assignment]
             box.outbox = fix(box.outbox)  # type: ignore[assignment]

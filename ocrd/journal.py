@@ -42,9 +42,18 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_path ON jobs(inbox, relpath);
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished);
+CREATE INDEX IF NOT EXISTS jobs_state_finished ON jobs(state, finished);
+CREATE INDEX IF NOT EXISTS jobs_reason ON jobs(reason);
 """
 
+# Columns added after the first release; an older journal gets them at open.
+_ADDED_COLUMNS = {"degraded": "INTEGER"}
+
 OPEN_STATES = ("claiming", "claimed", "converting", "finishing")
+# A failed row whose original was put back into its inbox (`ocrd retry`); the file
+# then comes in again as a new row.
+RETRIED = "retried"
 
 # SQLite's answers that mean the state folder cannot take writes now (full, read-only,
 # gone, I/O errors): not a file's fault, nothing to fail a file for. The daemon backs
@@ -103,6 +112,7 @@ class Job:
     created: float = 0.0
     started: float | None = None
     finished: float | None = None
+    degraded: int | None = None  # degraded pages of a done file (None: not recorded)
 
 
 _COLUMNS = ("id, inbox, relpath, claim_path, size, mtime_ns, state, attempts, sha256, pages, "
@@ -134,6 +144,14 @@ class Journal:
             if not ok or ok[0] != "ok":
                 self.db.close()
                 raise JournalCorrupt(f"integrity check: {ok[0] if ok else 'no answer'}")
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+        # Read-only, a journal from before a column was added reads it as NULL.
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
+        self._columns = _COLUMNS + "".join(
+            f", {name}" if name in have else f", NULL AS {name}" for name in _ADDED_COLUMNS)
 
     @classmethod
     def open_or_set_aside(cls, path: Path) -> tuple[Journal, str | None]:
@@ -162,11 +180,11 @@ class Journal:
         self.db.close()
 
     def _one(self, sql: str, *args: object) -> Job | None:
-        row = self.db.execute(f"SELECT {_COLUMNS} FROM jobs {sql}", args).fetchone()
+        row = self.db.execute(f"SELECT {self._columns} FROM jobs {sql}", args).fetchone()
         return _job(row) if row else None
 
     def _many(self, sql: str, *args: object) -> list[Job]:
-        return [_job(r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM jobs {sql}", args)]
+        return [_job(r) for r in self.db.execute(f"SELECT {self._columns} FROM jobs {sql}", args)]
 
     # -- claims ---------------------------------------------------------------------
 
@@ -214,17 +232,21 @@ class Journal:
                         (to_db(output), job_id))
 
     @_guarded
-    def done(self, job_id: int, output: str, kept_relpath: str | None) -> None:
+    def done(self, job_id: int, output: str, kept_relpath: str | None,
+             pages: int | None = None, degraded: int | None = None) -> None:
         """Finished. With on_success=keep, the original is back in the inbox under
-        kept_relpath and must not be converted again while it is unchanged."""
+        kept_relpath and must not be converted again while it is unchanged. `pages` and
+        `degraded` (degraded page count), when given, feed the console's lists."""
         if kept_relpath is None:
             self.db.execute(
-                "UPDATE jobs SET state='done', output=?, finished=? WHERE id=?",
-                (to_db(output), time.time(), job_id))
+                "UPDATE jobs SET state='done', output=?, finished=?, "
+                "pages=COALESCE(?, pages), degraded=COALESCE(?, degraded) WHERE id=?",
+                (to_db(output), time.time(), pages, degraded, job_id))
         else:
             self.db.execute(
-                "UPDATE jobs SET state='done', output=?, kept=1, relpath=?, finished=? "
-                "WHERE id=?", (to_db(output), to_db(kept_relpath), time.time(), job_id))
+                "UPDATE jobs SET state='done', output=?, kept=1, relpath=?, finished=?, "
+                "pages=COALESCE(?, pages), degraded=COALESCE(?, degraded) WHERE id=?",
+                (to_db(output), to_db(kept_relpath), time.time(), pages, degraded, job_id))
 
     @_guarded
     def failed(self, job_id: int, reason: str, message: str, output: str) -> None:
@@ -266,6 +288,96 @@ class Journal:
     @_guarded
     def recent_failures(self, limit: int = 10) -> list[Job]:
         return self._many("WHERE state='failed' ORDER BY finished DESC LIMIT ?", limit)
+
+    def recent(self, state: str, limit: int = 10) -> list[Job]:
+        """The last rows to reach `state`, newest first (the index on `finished`)."""
+        return self._many("WHERE state=? ORDER BY finished DESC LIMIT ?", state, limit)
+
+    def find(self, where: FileFilter, limit: int = 50, offset: int = 0) -> list[Job]:
+        """Rows matching the filter, newest first, one page of them."""
+        sql, args = where.sql()
+        return self._many(f"{sql} ORDER BY id DESC LIMIT ? OFFSET ?", *args, limit, offset)
+
+    def count(self, where: FileFilter) -> int:
+        sql, args = where.sql()
+        return int(self.db.execute(f"SELECT COUNT(*) FROM jobs {sql}", args).fetchone()[0])
+
+    def open_by_inbox(self) -> dict[str, dict[str, int]]:
+        """Per inbox, its unfinished rows by state (claimed, converting …)."""
+        marks = ",".join("?" * len(OPEN_STATES))
+        out: dict[str, dict[str, int]] = {}
+        for inbox, state, n in self.db.execute(
+                f"SELECT inbox, state, COUNT(*) FROM jobs WHERE state IN ({marks}) "
+                "GROUP BY inbox, state", OPEN_STATES):
+            out.setdefault(from_db(inbox), {})[state] = int(n)
+        return out
+
+    def failures_by_reason(self) -> dict[str, int]:
+        return dict(self.db.execute(
+            "SELECT reason, COUNT(*) FROM jobs WHERE state='failed' GROUP BY reason"))
+
+    def inboxes(self) -> list[str]:
+        return [from_db(r[0]) for r in self.db.execute("SELECT DISTINCT inbox FROM jobs")]
+
+    def pages_per_bucket(self, since: float, bucket_seconds: int) -> dict[int, int]:
+        """Pages of files done since `since`, summed per bucket (bucket start time)."""
+        rows = self.db.execute(
+            "SELECT CAST(finished / ? AS INTEGER) * ?, SUM(COALESCE(pages, 0)) FROM jobs "
+            "WHERE finished >= ? AND state = 'done' GROUP BY 1",
+            (bucket_seconds, bucket_seconds, since))
+        return {int(t): int(n) for t, n in rows}
+
+    # -- retry --------------------------------------------------------------------------
+
+    @_guarded
+    def mark_retried(self, job_id: int, put_back: str) -> bool:
+        """A failed row whose original is back in its inbox as `put_back`; False when
+        the row is not (or no longer) failed."""
+        cur = self.db.execute(
+            "UPDATE jobs SET state=?, output=? WHERE id=? AND state='failed'",
+            (RETRIED, to_db(put_back), job_id))
+        return cur.rowcount == 1
+
+
+# What the console calls a state, as journal states (`degraded`: done with degraded pages).
+FILTER_STATES: dict[str, tuple[tuple[str, ...], str]] = {
+    "waiting": (("claiming", "claimed"), ""),
+    "converting": (("converting", "finishing"), ""),
+    "done": (("done",), " AND COALESCE(degraded, 0) = 0"),
+    "degraded": (("done",), " AND degraded > 0"),
+    "failed": (("failed",), ""),
+    "retried": ((RETRIED,), ""),
+}
+
+
+@dataclass(frozen=True)
+class FileFilter:
+    """The console's filters: state (a FILTER_STATES key), inbox (exact), name (part of
+    the relative path), reason (failure code)."""
+
+    state: str | None = None
+    inbox: str | None = None
+    name: str | None = None
+    reason: str | None = None
+
+    def sql(self) -> tuple[str, list[object]]:
+        terms: list[str] = []
+        args: list[object] = []
+        if self.state:
+            states, extra = FILTER_STATES[self.state]
+            terms.append(f"state IN ({','.join('?' * len(states))}){extra}")
+            args += states
+        if self.inbox:
+            terms.append("inbox = ?")
+            args.append(to_db(self.inbox))
+        if self.reason:
+            terms.append("reason = ?")
+            args.append(self.reason)
+        if self.name:
+            # instr, not LIKE: % and _ in a file name are not wildcards
+            terms.append("instr(lower(CAST(relpath AS TEXT)), ?) > 0")
+            args.append(self.name.lower())
+        return ("WHERE " + " AND ".join(terms)) if terms else "", args
 
 
 def _job(row: tuple) -> Job:

@@ -101,7 +101,8 @@ class Outcomes:
         except OSError as e:
             self.destination_failed(item, e, "archive")
             return
-        await self.record(self.journal.done, item.job_id, markdown, kept)
+        await self.record(self.journal.done, item.job_id, markdown, kept,
+                          meta.get("page_count"), len(meta.get("degraded_pages") or []))
         self.metrics.files.labels("degraded" if meta.get("degraded_pages") else "ok").inc()
         self.metrics.last_success.set(time.time())
         if item.claimed_at:

@@ -63,6 +63,8 @@ class RenderedPage:
     dpi: float  # the dpi actually used (lower than asked for oversized pages)
     # in a render worker: the tmpfs file that already holds the pixels (data is empty)
     shared: str | None = field(default=None, compare=False, repr=False)
+    # the console's JPEG preview of the page, made in the worker (ocrd/previews.py)
+    preview: bytes | None = field(default=None, compare=False, repr=False)
 
     def to_image(self) -> Image.Image:
         return Image.frombytes("RGB", (self.width, self.height), self.data)
@@ -75,12 +77,14 @@ class RenderedPage:
         # In a render worker, large pixel data leaves through tmpfs (see below).
         if self.shared is not None:
             return (_from_shared, (self.index, self.width, self.height, self.dpi,
-                                   self.shared))
+                                   self.shared, self.preview))
         if _shared_tag is not None and len(self.data) >= SHARED_MIN_BYTES:
             path = _to_shared(self.data)
             if path is not None:
-                return (_from_shared, (self.index, self.width, self.height, self.dpi, path))
-        return (RenderedPage, (self.index, self.width, self.height, self.data, self.dpi))
+                return (_from_shared, (self.index, self.width, self.height, self.dpi, path,
+                                       self.preview))
+        return (RenderedPage, (self.index, self.width, self.height, self.data, self.dpi,
+                               None, self.preview))
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,7 +174,8 @@ def _scratch_bitmap(width: int, height: int, format: int, rev_byteorder: bool = 
                                        buffer=_scratch, stride=width * 3)
 
 
-def _from_shared(index: int, width: int, height: int, dpi: float, path: str) -> RenderedPage:
+def _from_shared(index: int, width: int, height: int, dpi: float, path: str,
+                 preview: bytes | None = None) -> RenderedPage:
     """Main side (unpickling a worker's page): read the file and remove it."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -186,7 +191,16 @@ def _from_shared(index: int, width: int, height: int, dpi: float, path: str) -> 
             data = b"".join(chunks)
     finally:
         os.close(fd)
-    return RenderedPage(index, width, height, data, dpi)
+    return RenderedPage(index, width, height, data, dpi, preview=preview)
+
+
+def pixels(page: RenderedPage) -> bytes:
+    """The page's packed RGB, also in the worker that rendered it (where it may already
+    sit in its tmpfs file)."""
+    if page.data or page.shared is None:
+        return page.data
+    with open(page.shared, "rb") as f:
+        return f.read()
 
 
 def _shared_dir_usable() -> bool:

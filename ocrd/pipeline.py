@@ -27,6 +27,7 @@ from . import __version__, errors, markdown, names, outbox, pages, records, safe
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
+from .previews import Previews, render_with_preview
 from .schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
@@ -111,8 +112,10 @@ class EngineGate:
 class Converter:
     def __init__(self, cfg: Config, engine: Engine, pool: pages.RenderPool,
                  slots: FairSlots, reservations: outbox.Reservations | None = None,
-                 metrics: Any = None, liveness: Liveness | None = None) -> None:
+                 metrics: Any = None, liveness: Liveness | None = None,
+                 previews: Previews | None = None) -> None:
         self.cfg = cfg
+        self.previews = previews  # the console's page previews (ocrd/previews.py)
         self.liveness = liveness
         self.engine = engine
         self.pool = pool
@@ -186,10 +189,12 @@ class Converter:
             self.pending -= 1
             self._progress()
 
-        async def render(i: int) -> pages.RenderedPage:
+        async def render(i: int, first: bool = False) -> pages.RenderedPage:
+            # a page's first rendering also makes the console's preview, in the worker
+            fn = render_with_preview if first and self.previews is not None \
+                else pages.render_page
             return await self.pool.call(
-                pages.render_page, src.path, info, i, self.cfg.render.dpi,
-                self.cfg.limits.max_pixels)
+                fn, src.path, info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
 
         # Grounding output is cropped for figures afterwards, so its engine's pages keep
         # their image; other pages are held here only until the engine takes them.
@@ -202,8 +207,10 @@ class Converter:
             held = True
             try:
                 t = time.time()
-                rendered = await render(i)
+                rendered = await render(i, first=True)
                 render_s = time.time() - t
+                if self.previews is not None:
+                    self.previews.page(src.sha256, i + 1, rendered)  # queued, not waited for
                 size = replace(rendered, data=b"")  # what the sidecar needs
                 # A page waits for its slot as packed RGB (a Pillow RGB image takes a
                 # third more) and becomes an image when handed to the engine. The

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import structlog
 
-from . import __version__, errors, outbox, pages
+from . import __version__, errors, names, outbox, pages
 from .claims import Claims, Item
 from .config import Config, ConfigError, layout_problems, load_config
 from .engines import create_engine
@@ -41,6 +41,7 @@ from .pipeline import Converter
 from .recovery import Recovery
 from .schedule import FairSlots, Scheduler
 from .state import State, StateError
+from .web import Console, InboxLive, Live, LiveStatus
 
 log = structlog.get_logger("ocrd.service")
 
@@ -66,7 +67,8 @@ class Parts:
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
         slots = FairSlots(in_flight)
         converter = Converter(cfg, engine, pools[0], slots, metrics=daemon.metrics,
-                              liveness=daemon.liveness)
+                              liveness=daemon.liveness,
+                              previews=daemon.console.previews if daemon.console else None)
         parts: Parts
 
         def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first
@@ -121,6 +123,8 @@ class Daemon:
         self.ready = False
         self.engine: Engine | None = None
         self.health: HealthServer | None = None
+        self.console: Console | None = None  # the web console (ocrd/web/)
+        self.heartbeat: Heartbeat | None = None
         self.state: State | None = None
         self.pools: tuple[pages.RenderPool, pages.RenderPool] | None = None
         self.parts: Parts | None = None
@@ -179,6 +183,7 @@ class Daemon:
         cfg = self.cfg
         self.state = state = State.open(cfg.state_dir)
         self._start_health()
+        self.console = Console.start(cfg, LiveStatus(asyncio.get_running_loop(), self._live))
         self.notifier.send("STATUS=starting the render workers")
         self.pools = (pages.RenderPool(cfg.render.workers), pages.RenderPool(1, timeout=120))
         await asyncio.gather(*(pool.start() for pool in self.pools))
@@ -251,8 +256,8 @@ class Daemon:
     async def main_loop(self) -> None:
         parts = self.parts
         assert parts is not None
-        heartbeat = Heartbeat(self.notifier, self.liveness, lambda: parts.outcomes.done_pages,
-                              parts.status_line)
+        self.heartbeat = heartbeat = Heartbeat(
+            self.notifier, self.liveness, lambda: parts.outcomes.done_pages, parts.status_line)
         watched = [
             asyncio.create_task(parts.scheduler.run(), name="scheduler"),
             asyncio.create_task(parts.intake.run(lambda: parts.scheduler.queued,
@@ -289,6 +294,8 @@ class Daemon:
             await pool.close()
         if self.health is not None:
             self.health.stop()
+        if self.console is not None:
+            self.console.stop()
         if self.state is not None:
             with contextlib.suppress(Exception):
                 left = self.state.journal.counts()
@@ -355,6 +362,8 @@ class Daemon:
         for inbox in parts.inboxes.reload(self.cfg.inboxes):
             await self._prepare(inbox)
         parts.apply(self.cfg)
+        if self.console is not None:
+            self.console.update_config(self.cfg)
         parts.inboxes.wake.set()
         log.info("reloaded", inboxes=[str(i.path) for i in parts.inboxes])
         self.notifier.send("READY=1",
@@ -366,6 +375,27 @@ class Daemon:
         """The main loop turns, and pages given to the engine come back (notify.py).
         Before the main loop runs (engine loading) and while stopping: live."""
         return not self.ready or self.liveness.live()
+
+    def _live(self) -> Live:
+        """The console's view of what only the daemon knows (ocrd/web/live.py); runs on
+        this loop, called through LiveStatus from the console's thread."""
+        parts, engine, now = self.parts, self.engine, time.monotonic()
+        state = "stopping" if self.should_exit else "ready" if self.ready else "starting"
+        kind, model = (engine.kind, engine.model) if engine else \
+            (self.cfg.engine.kind, self.cfg.engine.model)
+        if parts is None:  # the engine is still loading
+            return Live(state, kind, model, False, 0, 0.0, 0, 0, 0, version=__version__)
+        return Live(
+            state=state, engine_kind=kind, engine_model=model,
+            engine_ready=state == "ready" and parts.converter.gate.open.is_set(),
+            pages_done=parts.outcomes.done_pages,
+            pages_per_second=self.heartbeat.rate(now) if self.heartbeat else 0.0,
+            pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,
+            converting=len(parts.scheduler.active),
+            inboxes=tuple(InboxLive(names.shown(str(i.path)), i.watch, i.available,
+                                    len(i.tracker), i.paused_until > now)
+                          for i in parts.inboxes),
+            version=__version__)
 
 
 def _keep_rss_near_live_memory() -> None:

@@ -129,6 +129,9 @@ class Daemon:
             "poll_seconds": 0.5,
             "engine": engine or {"kind": "tesseract"},
             "metrics": {"listen": f"127.0.0.1:{self.port}"},
+            # the console off unless a test asks for it (web=...): daemons of tests run
+            # side by side must not meet on its default port
+            "web": {"listen": None},
             "log": {"level": "debug", "format": "json"},
             "inboxes": inboxes or [{
                 "path": str(self.inbox), "outbox": str(self.outbox),

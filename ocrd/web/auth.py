@@ -1,0 +1,164 @@
+"""Who may use the console, and what a browser may do with its pages.
+
+- Off loopback a token is required for everything but `/healthz`, `/login` and the
+  static assets: `Authorization: Bearer TOKEN` (scripts) or the cookie `/login` sets
+  (browsers; HttpOnly, SameSite=Strict, holding a value derived from the token).
+- On loopback the Host header must name a loopback address, so that a web page whose
+  host name resolves to 127.0.0.1 (DNS rebinding) cannot read the console.
+- Actions are POST only and carry a CSRF token (form field `csrf` or header
+  `X-CSRF-Token`), unless they come with the bearer token, which a browser never adds
+  on its own.
+- Every answer carries a Content-Security-Policy that allows scripts, styles and images
+  from the console alone and no inline script, so text that slipped through as HTML
+  still could not run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..config import ConfigError, WebConfig
+
+COOKIE = "ocrd_console"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
+OPEN_PATHS = ("/healthz", "/login")
+MIN_TOKEN_CHARS = 16
+
+
+def load_token(cfg: WebConfig) -> str | None:
+    """The token from `web.token_file`: a bare name is looked up in systemd's
+    $CREDENTIALS_DIRECTORY (LoadCredential=) first. Raises ConfigError when it is set
+    but missing, unreadable, empty or short — the daemon then does not start."""
+    if cfg.token_file is None:
+        return None
+    path = cfg.token_file
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds and len(path.parts) == 1 and (Path(creds) / path).exists():
+        path = Path(creds) / path
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"web.token_file = {str(cfg.token_file)!r}: cannot be read "
+                          f"({getattr(e, 'strerror', None) or e})") from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"web.token_file = {str(cfg.token_file)!r}: the token must have "
+                          f"at least {MIN_TOKEN_CHARS} characters (e.g. the output of "
+                          "`openssl rand -hex 32`)")
+    return token
+
+
+def load_secret(state_dir: Path) -> bytes:
+    """A random key kept under state_dir (mode 0600): CSRF tokens survive restarts."""
+    path = state_dir / "web-secret"
+    try:
+        data = path.read_bytes()
+        if len(data) >= 32:
+            return data
+    except FileNotFoundError:
+        pass
+    data = secrets.token_bytes(32)
+    tmp = path.with_name(f".web-secret-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return data
+
+
+def _derive(key: bytes, what: str) -> str:
+    return hmac.new(key, what.encode(), hashlib.sha256).hexdigest()
+
+
+def _loopback_host(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:].split("]")[0]
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """ASGI middleware: host check, token check, security headers."""
+
+    def __init__(self, app: ASGIApp, token: str | None, secret: bytes,
+                 loopback: bool) -> None:
+        self.app = app
+        self.token = token
+        self.loopback = loopback
+        self.csrf = _derive(secret, "csrf")
+        self.session = _derive(token.encode(), "session") if token else None
+
+    def authorized(self, headers: Headers, cookies: dict[str, str]) -> bool:
+        if self.token is None:
+            return True
+        return self.bearer(headers) or hmac.compare_digest(
+            cookies.get(COOKIE, ""), self.session or "")
+
+    def bearer(self, headers: Headers) -> bool:
+        given = headers.get("authorization", "")
+        return given.startswith("Bearer ") and self.token_matches(given[7:].strip())
+
+    def token_matches(self, given: str) -> bool:
+        return self.token is not None and hmac.compare_digest(given.encode(),
+                                                              self.token.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        scope.setdefault("state", {})["guard"] = self
+        if self.loopback and not _loopback_host(request.headers.get("host", "")):
+            response = PlainTextResponse("this console answers to loopback host names "
+                                         "only\n", status_code=421)
+        elif request.url.path in OPEN_PATHS or request.url.path.startswith("/static/") or \
+                self.authorized(request.headers, request.cookies):
+            response = None
+        elif request.url.path.startswith("/api/"):
+            response = JSONResponse({"error": "token required"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        else:
+            response = RedirectResponse("/login", status_code=303)
+        if response is not None:
+            await response(scope, receive, _with_headers(send, static=False))
+            return
+        static = request.url.path.startswith("/static/")
+        await self.app(scope, receive, _with_headers(send, static))
+
+    def check_csrf(self, request: Request, form_value: str | None) -> bool:
+        """A POST that may act: bearer-authenticated, or carrying the CSRF token."""
+        if self.bearer(request.headers):
+            return True
+        given = form_value or request.headers.get("x-csrf-token", "")
+        return hmac.compare_digest(given.encode(), self.csrf.encode())
+
+
+def _with_headers(send: Send, static: bool) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            headers += HEADERS
+            if not static:
+                headers.append((b"cache-control", b"no-store"))
+            message["headers"] = headers
+        await send(message)
+    return wrapped

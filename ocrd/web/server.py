@@ -1,0 +1,100 @@
+"""The console inside the daemon: uvicorn on its own asyncio loop in its own thread, so
+that a slow browser never holds up intake, and the page previews' writer beside it.
+
+The socket is bound at start, in the daemon's thread: a port already taken is reported
+there (and the daemon runs on without its console), and a missing token stops the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import structlog
+import uvicorn
+
+from .. import listen
+from ..config import Config
+from ..previews import Previews
+from .app import create_app
+from .auth import load_secret, load_token
+from .context import Context
+from .live import LiveStatus
+from .store import Store
+
+log = structlog.get_logger("ocrd.web")
+
+
+class Console:
+    def __init__(self, cfg: Config, live: LiveStatus | None) -> None:
+        web = cfg.web
+        token = load_token(web)  # ConfigError: the daemon must not start without it
+        self.previews = Previews(cfg.state_dir / "previews", web.previews_days,
+                                 web.previews_max_bytes) if web.previews else None
+        self.ctx = Context(cfg, Store(cfg, self.previews),
+                           live.get if live is not None else lambda: None, token,
+                           load_secret(cfg.state_dir))
+        self.address: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    @classmethod
+    def start(cls, cfg: Config, live: LiveStatus | None) -> Console:
+        """Previews writer running, and the console listening (unless web.listen is
+        null or its port cannot be bound: logged, and the daemon goes on)."""
+        console = cls(cfg, live)
+        if console.previews is not None:
+            console.previews.start()
+        if cfg.web.listen is not None:
+            try:
+                console._listen(cfg.web.listen)
+            except OSError as e:
+                log.error("console_unavailable", listen=cfg.web.listen, error=str(e))
+        return console
+
+    def _listen(self, text: str) -> None:
+        addr = listen.parse(text)
+        sock = socket.socket(addr.family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((addr.host, addr.port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self.address = str(addr._replace(port=sock.getsockname()[1]))
+        config = uvicorn.Config(create_app(self.ctx), log_config=None, access_log=False,
+                                lifespan="off", loop="asyncio", http="h11", ws="none",
+                                timeout_graceful_shutdown=2, server_header=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="console", daemon=True)
+        self._thread.start()
+        log.info("console_listening", address=self.address,
+                 url=f"http://{self.address}/", token_required=self.ctx.token_required)
+
+    def _run(self) -> None:
+        assert self._server is not None and self._sock is not None
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        except Exception as e:  # noqa: BLE001 - the console failing must not stop intake
+            log.error("console_failed", error=repr(e))
+        finally:
+            loop.close()
+
+    def update_config(self, cfg: Config) -> None:
+        """After a reload: inboxes added or removed are the console's too."""
+        self.ctx.cfg = cfg
+        self.ctx.store.cfg = cfg
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        if self._sock is not None:
+            self._sock.close()
+        if self.previews is not None:
+            self.previews.stop()

@@ -1,0 +1,191 @@
+"""What the console reads: journal rows, and the files a row points at.
+
+A URL never names a path: it names a journal row (an integer id) and a kind of file
+(`md`, `json`, `original`, a figure listed in the sidecar, a preview page number).
+The path comes from the row and must lie inside one of the folders the configuration
+gives that row's inbox; it is opened from that folder down, one component at a time,
+never following a symbolic link. A row of an inbox that is no longer configured, or
+pointing outside its inbox's folders, serves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import Config, InboxConfig
+from ..journal import FileFilter, Job, Journal
+from ..previews import Previews
+
+_FIGURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
+MAX_TEXT_BYTES = 64 * 1024**2  # a Markdown or sidecar larger than this is not shown
+
+
+@dataclass
+class Opened:
+    fd: int
+    size: int
+    name: str
+
+    def read(self) -> bytes:
+        try:
+            with os.fdopen(self.fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(self.fd)
+
+    def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        try:
+            while chunk := os.read(self.fd, size):
+                yield chunk
+        finally:
+            os.close(self.fd)
+
+
+def open_inside(root: Path, path: Path) -> Opened | None:
+    """Open `path` for reading if it is a regular file inside `root`, walking down
+    from root without following any symbolic link; None otherwise."""
+    root_abs, path_abs = os.path.abspath(root), os.path.abspath(path)
+    if os.path.commonpath([root_abs, path_abs]) != root_abs or root_abs == path_abs:
+        return None
+    parts = Path(os.path.relpath(path_abs, root_abs)).parts
+    if any(p in ("..", ".") for p in parts):
+        return None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root_abs, flags | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    os.close(fd)
+    st = os.fstat(leaf)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(leaf)
+        return None
+    return Opened(leaf, st.st_size, parts[-1])
+
+
+class Store:
+    def __init__(self, cfg: Config, previews: Previews | None) -> None:
+        self.cfg = cfg
+        self.previews = previews
+        self.journal_path = cfg.state_dir / "journal.sqlite3"
+        self._local = threading.local()
+
+    # -- journal ------------------------------------------------------------------------
+
+    def journal(self) -> Journal:
+        """This thread's read-only connection (sqlite3 connections stay in their thread)."""
+        journal = getattr(self._local, "journal", None)
+        if journal is None:
+            journal = self._local.journal = Journal(self.journal_path, readonly=True)
+        return journal
+
+    def job(self, job_id: int) -> Job | None:
+        return self.journal().get(job_id)
+
+    def find(self, where: FileFilter, limit: int, offset: int) -> tuple[list[Job], int]:
+        journal = self.journal()
+        return journal.find(where, limit, offset), journal.count(where)
+
+    # -- the files of a row -------------------------------------------------------------
+
+    def inbox(self, job: Job) -> InboxConfig | None:
+        for box in self.cfg.inboxes:
+            if str(box.path) == job.inbox:
+                return box
+        return None
+
+    def _base(self, job: Job) -> tuple[InboxConfig, Path] | None:
+        """The inbox and the output base path (without .md) of a converted file."""
+        box = self.inbox(job)
+        if box is None or job.state != "done" or not job.output.endswith(".md"):
+            return None
+        return box, Path(job.output[:-3])
+
+    def open_output(self, job: Job, suffix: str) -> Opened | None:
+        """NAME.md or NAME.json of a converted file."""
+        found = self._base(job)
+        if found is None:
+            return None
+        box, base = found
+        return open_inside(box.outbox, base.with_name(base.name + suffix))
+
+    def text(self, job: Job, suffix: str) -> str | None:
+        opened = self.open_output(job, suffix)
+        if opened is None:
+            return None
+        if opened.size > MAX_TEXT_BYTES:
+            os.close(opened.fd)
+            return None
+        return opened.read().decode("utf-8", "replace")
+
+    def sidecar(self, job: Job) -> dict | None:
+        text = self.text(job, ".json")
+        if text is None:
+            return None
+        with contextlib.suppress(ValueError):
+            meta = json.loads(text)
+            if isinstance(meta, dict):
+                return meta
+        return None
+
+    def asset(self, job: Job, name: str, meta: dict | None) -> Opened | None:
+        """A figure crop, only when the sidecar lists it for one of the pages."""
+        found = self._base(job)
+        if found is None or meta is None or not _FIGURE.fullmatch(name):
+            return None
+        listed = {f for p in meta.get("pages", []) if isinstance(p, dict)
+                  for f in p.get("figures", []) or []}
+        if name not in listed:
+            return None
+        box, base = found
+        return open_inside(box.outbox, base.with_name(base.name + ".assets") / name)
+
+    def original(self, job: Job, meta: dict | None) -> Opened | None:
+        """The original: in failed/ (failed), back in the inbox (keep), or in the
+        archive (the archive's name may have got a -2 suffix: matched by size)."""
+        box = self.inbox(job)
+        if box is None:
+            return None
+        if job.state == "failed" and job.output:
+            return open_inside(box.failed, Path(job.output))
+        if job.state != "done":
+            return None
+        if box.on_success == "keep":
+            return open_inside(box.path, box.path / job.relpath)
+        if box.on_success != "archive" or box.archive is None:
+            return None
+        rel = Path(job.relpath)
+        stem, dot, ext = rel.name.rpartition(".")
+        names = [rel.name] + [f"{stem or ext}-{n}{dot}{ext if stem else ''}"
+                              for n in range(2, 10)]
+        for name in names:
+            opened = open_inside(box.archive, box.archive / rel.parent / name)
+            if opened is not None and opened.size == job.size:
+                return opened
+            if opened is not None:
+                os.close(opened.fd)
+        return None
+
+    def preview(self, meta: dict | None, page: int) -> Opened | None:
+        if self.previews is None or meta is None:
+            return None
+        sha = (meta.get("source") or {}).get("sha256")
+        path = self.previews.path(sha, page) if isinstance(sha, str) else None
+        return open_inside(self.previews.root, path) if path is not None else None

@@ -1,0 +1,101 @@
+"""Journal rows and sidecars as the console shows them (the pages and the JSON API
+share these): states in the user's words, readable names, a document's pages in review
+order."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..journal import Job
+from ..names import shown
+from .render import split_pages, to_html
+
+STATE_WORDS = {
+    "claiming": "waiting", "claimed": "waiting", "converting": "converting",
+    "finishing": "converting", "failed": "failed", "retried": "retried",
+}
+
+
+def state_of(job: Job) -> str:
+    """waiting, converting, done, degraded, failed or retried."""
+    if job.state == "done":
+        return "degraded" if (job.degraded or 0) > 0 else "done"
+    return STATE_WORDS.get(job.state, job.state)
+
+
+def job_facts(job: Job) -> dict:
+    """One row as JSON-ready facts (names valid UTF-8, see ocrd/names.py)."""
+    return {
+        "id": job.id,
+        "file": shown(job.relpath),
+        "name": shown(job.relpath.rpartition("/")[2]),
+        "inbox": shown(job.inbox),
+        "state": state_of(job),
+        "journal_state": job.state,
+        "size": job.size,
+        "pages": job.pages,
+        "degraded_pages": job.degraded,
+        "attempts": job.attempts,
+        "reason": job.reason,
+        "message": job.message,
+        "output": shown(job.output) if job.output else None,
+        "created": job.created,
+        "started": job.started,
+        "finished": job.finished,
+    }
+
+
+def when(t: float | None) -> str:
+    if not t:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{n} B"
+
+
+@dataclass
+class ReviewPage:
+    page: int
+    status: str  # ok | blank | degraded
+    why: str  # for a person: "degraded: length", "empty output" …
+    html: str
+    facts: dict  # the sidecar's entry for the page
+    figures: list[str]
+
+
+def review_pages(markdown: str, meta: dict | None, job_id: int) -> list[ReviewPage]:
+    """The document's pages, degraded and blank ones first (they need a look), each
+    with its Markdown as clean HTML and the sidecar's facts."""
+    facts = {p.get("page"): p for p in (meta or {}).get("pages", []) if isinstance(p, dict)}
+    assets = ((meta or {}).get("outputs") or {}).get("assets")
+    out = []
+    for text in split_pages(markdown):
+        info = facts.get(text.page, {})
+        status = str(info.get("status") or ("blank" if text.note == "blank" else
+                                              "degraded" if text.note.startswith("degraded")
+                                              else "ok"))
+        why = ""
+        if status == "degraded":
+            why = f"degraded: {info.get('degraded') or text.note.partition(': ')[2] or '?'}"
+        elif status == "blank":
+            why = "blank: the engine returned no text for this page"
+        if info.get("malformed_output"):
+            why = (why + "; " if why else "") + "the model's tags were cut or broken"
+        out.append(ReviewPage(
+            page=text.page, status=status, why=why,
+            html=to_html(text.markdown, assets, f"/files/{job_id}/assets"),
+            facts={k: v for k, v in info.items() if k not in ("figures",)},
+            figures=list(info.get("figures") or [])))
+    rank = {"degraded": 0, "blank": 1}
+    out.sort(key=lambda p: (rank.get(p.status, 2), p.page))
+    return out
