@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__, configfile, credentials, listen, owner
-from .config import Config, ConfigError, check_folders, load_config, parse_config
+from .config import Config, ConfigError, load_config, parse_config
 from .errors import ExitCode, OcrdError, exit_code_for
+from .layout import check_folders
 from .names import shown
 
 if TYPE_CHECKING:

@@ -28,12 +28,13 @@ import structlog
 
 from . import __version__, errors, names, outbox, pages
 from .claims import Claims, Item
-from .config import Config, ConfigError, layout_problems, load_config
+from .config import Config, ConfigError, load_config
 from .engines import create_engine
 from .engines.base import Engine
 from .inboxes import Inbox, Inboxes
 from .intake import Intake
 from .jobs import Jobs
+from .layout import layout_problems
 from .metrics import HealthServer, Metrics
 from .notify import Heartbeat, Liveness, Notifier
 from .outcomes import Outcomes

@@ -106,7 +106,7 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
 
 
 def _layout(tmp_path: Path, state: Path, *boxes: dict) -> list[str]:
-    from ocrd.config import layout_problems
+    from ocrd.layout import layout_problems
 
     cfg = parse_config({"state_dir": str(state), "inboxes": list(boxes)}, tmp_path)
     return layout_problems(cfg)
