@@ -14,6 +14,10 @@
    state folder that still names its id belongs to a daemon that may be running: left
    alone.
 
+4. Temporary files this daemon's crash left in an inbox's destinations (names carrying
+   its tag, `.ocrd-tmp-<tag>-…`) are removed (`prepare_inbox`, also for an inbox a reload
+   adds), and so are page files of dead daemons in /dev/shm (pages.RenderPool.start).
+
 Each step works on one file at a time and logs what it did; a file it cannot settle is
 logged and left, never the end of the start.
 """
@@ -226,6 +230,20 @@ class Recovery:
         log.warning("work_area_intruder", file=name, claim=path)
         item = Item(job_id, inbox, name, claim)
         self.fail.append((item, errors.OcrdError(_FOREIGN, reason="not_claimed")))
+
+
+def prepare_inbox(inbox: Inbox, state_dir: Path) -> None:
+    """Before an inbox is used: its work area marked as this daemon's (so that a later
+    instance of this host can adopt it), and this daemon's temporary files removed
+    from its destinations. Runs in a thread."""
+    try:
+        inbox.mark_owner(state_dir)
+    except OSError as e:
+        log.warning("work_area_unwritable", inbox=str(inbox.path), error=e.strerror)
+    for root in inbox.cfg.destinations().values():
+        removed = outbox.sweep_temporaries(root, inbox.perms.tag)
+        if removed:
+            log.info("temporaries_removed", folder=str(root), count=removed)
 
 
 def claim_location(inbox: Inbox, claim_path: str, relpath: str) -> tuple[str, ...] | None:

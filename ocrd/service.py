@@ -26,7 +26,7 @@ from pathlib import Path
 
 import structlog
 
-from . import __version__, errors, names, outbox, pages
+from . import __version__, errors, names, pages
 from .claims import Claims, Item
 from .config import Config, ConfigError, load_config
 from .engines import create_engine
@@ -39,7 +39,7 @@ from .metrics import HealthServer, Metrics
 from .notify import Heartbeat, Liveness, Notifier
 from .outcomes import Outcomes
 from .pipeline import Converter
-from .recovery import Recovery
+from .recovery import Recovery, prepare_inbox
 from .schedule import FairSlots, Scheduler
 from .state import State, StateError
 from .web import Console, InboxLive, Live, LiveStatus
@@ -222,16 +222,11 @@ class Daemon:
         log.info("metrics_listening", address=self.health.address)
 
     async def _prepare(self, inbox: Inbox) -> None:
-        """A new inbox: mark its work area as this daemon's, and remove the temporary
-        files a crash of this daemon left in its destinations."""
+        """A new inbox: its work area marked as this daemon's, and what a crash of this
+        daemon left in its destinations swept away (recovery.py)."""
         assert self.state is not None
-        try:
-            await asyncio.to_thread(inbox.mark_owner, self.state.folder)
-        except OSError as e:
-            log.warning("work_area_unwritable", inbox=str(inbox.path), error=e.strerror)
-        for root in inbox.cfg.destinations().values():
-            self._tasks.append(asyncio.create_task(asyncio.to_thread(
-                outbox.sweep_temporaries, root, inbox.perms.tag), name="sweep"))
+        self._tasks.append(asyncio.create_task(asyncio.to_thread(
+            prepare_inbox, inbox, self.state.folder), name="prepare-inbox"))
 
     async def _start_engine(self) -> None:
         """Load the engine; while it loads (minutes for a real model) keep extending
