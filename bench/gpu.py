@@ -906,7 +906,7 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
                       concurrency: int, done: list[tuple[float, int]] | None = None
                       ) -> tuple[float, list[float]]:
     """All pages to `vllm serve` with a plain client: the same requests ocrd sends."""
-    from ocrd.engines.remote import http_request
+    import httpx
 
     bodies = [json.dumps({
         "model": model, "temperature": 0.0, "max_tokens": t, "skip_special_tokens": False,
@@ -918,19 +918,21 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
 
-    async def one(body: bytes) -> None:
+    async def one(client: httpx.AsyncClient, body: bytes) -> None:
         async with sem:
             t1 = time.monotonic()
-            resp = await http_request(url + "/chat/completions", "POST", body,
-                                      {"Content-Type": "application/json"}, timeout=900)
-            if resp.status != 200:
-                raise RuntimeError(f"HTTP {resp.status}: {resp.error_text()}")
+            resp = await client.post(url + "/chat/completions", content=body,
+                                     headers={"Content-Type": "application/json"})
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
             latencies.append(time.monotonic() - t1)
             if done is not None:
                 done.append((time.monotonic(), 1))
 
     t0 = time.monotonic()
-    await asyncio.gather(*(one(b) for b in bodies))
+    async with httpx.AsyncClient(timeout=900, trust_env=False,
+                                 limits=httpx.Limits(max_connections=None)) as client:
+        await asyncio.gather(*(one(client, b) for b in bodies))
     return time.monotonic() - t0, latencies
 
 

@@ -223,6 +223,11 @@ class EngineConfig(_Strict):
     api_key: str | None = None
     api_key_file: Path | None = None
     api_key_credential: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
+    # remote, https servers: trust only this CA bundle (PEM) instead of the system's, and
+    # show this client certificate (PEM; its key in tls_key_file or in the same file)
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     # remote: pages in flight per server
     concurrency_per_url: int = Field(default=32, ge=1)
     request_timeout_seconds: float = Field(default=600.0, gt=0)
@@ -248,6 +253,9 @@ class EngineConfig(_Strict):
                                 ("api_key_credential", self.api_key_credential)) if v is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} are both set; give the key one way")
+        if self.tls_key_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_key_file is set without tls_cert_file (the client "
+                             "certificate it belongs to)")
         return self
 
 
@@ -387,7 +395,10 @@ class Config(_Strict):
             box.outbox = fix(box.outbox)  # type: ignore[assignment]
             box.failed = fix(box.failed)  # type: ignore[assignment]
             box.archive = fix(box.archive)
-        data.engine.api_key_file = fix(data.engine.api_key_file)
+        eng = data.engine
+        eng.api_key_file = fix(eng.api_key_file)
+        eng.tls_ca_file, eng.tls_cert_file, eng.tls_key_file = (
+            fix(eng.tls_ca_file), fix(eng.tls_cert_file), fix(eng.tls_key_file))
         return data
 
 

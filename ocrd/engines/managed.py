@@ -31,7 +31,7 @@ import structlog
 from ocrd.config import EngineConfig
 from ocrd.engines import vllm_plugin
 from ocrd.engines.base import Engine, PageOutput, PageRequest
-from ocrd.engines.remote import RemoteEngine, ServerUnreachable, http_request
+from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.vllm import fast_encoder_usable, fixed_head_dim, recipe_kwargs
 from ocrd.errors import EngineDead, EngineUnavailable
 
@@ -221,7 +221,7 @@ class ManagedServerEngine(Engine):
         self.env = env
         self._client = RemoteEngine(cfg.model_copy(update={
             "kind": "remote", "urls": [self.url],
-            "concurrency_per_url": self.max_concurrency}))
+            "concurrency_per_url": self.max_concurrency}), use_proxy=False)  # 127.0.0.1
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._supervisor: asyncio.Task | None = None
@@ -308,12 +308,7 @@ class ManagedServerEngine(Engine):
                     await proc.wait()
 
     async def _healthy(self, health_url: str) -> bool:
-        try:
-            resp = await http_request(health_url, timeout=PROBE_TIMEOUT_SECONDS,
-                                      connect_timeout=PROBE_TIMEOUT_SECONDS)
-        except (ServerUnreachable, TimeoutError):
-            return False
-        return resp.status == 200
+        return await self._client.probe_status(health_url, PROBE_TIMEOUT_SECONDS) == 200
 
     async def _read_output(self, proc: asyncio.subprocess.Process) -> None:
         """Pass the server's output on to ocrd's log, line by line, to its end (a reader
