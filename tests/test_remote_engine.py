@@ -2,9 +2,11 @@
 
 The servers are faked (asyncio on 127.0.0.1) because a real vLLM server needs the vLLM
 venv; tests/vllm_engine/test_vllm_remote.py runs the same engine against a real one. The fake
-answers /v1/models and /v1/chat/completions with vLLM's JSON shapes, takes time per page,
-answers 503 above its concurrency limit (as vLLM's admission control does), notices
-clients that hang up, and can loop or refuse on demand. Also covers the shared loop-retry
+answers /health, /v1/models and /v1/chat/completions with vLLM's JSON shapes, keeps
+connections open between requests unless asked to close them (as uvicorn does), takes
+time per page, answers 503 above its concurrency limit (as vLLM's admission control
+does), notices clients that hang up, speaks TLS when given a context, and can loop or
+refuse on demand. Also covers the shared loop-retry
 logic in ocrd/engines/_loops.py.
 """
 
@@ -15,6 +17,7 @@ import base64
 import io
 import json
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,55 +46,79 @@ class FakeVllm:
     loop_above_ngram: int | None = None  # loop ("length") while ngram_size > this
     text: str = "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\nHello"
     port: int = 0
+    model: str = MODEL
+    tls: ssl.SSLContext | None = None  # https with this server context
     in_flight: int = 0
     max_in_flight: int = 0
     served: int = 0
     rejected: int = 0
     disconnects: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    connections: int = 0  # accepted (TLS handshakes that failed included)
     _server: asyncio.Server | None = None
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
 
     async def start(self) -> FakeVllm:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port,
+                                                  ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:
-        """Stop listening: new connections are refused from now on."""
+        """Stop, as a server that exits does: new connections are refused from now on,
+        and open ones are closed."""
         if self._server is not None:
             self._server.close()
             self._server = None
+        for writer in list(self._writers):
+            writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(writer)
         try:
-            request_line = (await reader.readline()).decode()
-            method, path, _ = request_line.split(" ", 2)
-            headers = {}
-            while (line := (await reader.readline()).decode().strip()):
-                k, _, v = line.partition(":")
-                headers[k.strip().lower()] = v.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            status, answer = await self._answer(method, path, body, reader)
-            if status is None:
-                return  # the client hung up
-            data = json.dumps(answer).encode()
-            writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
-                         f"content-length: {len(data)}\r\nconnection: close\r\n\r\n"
-                         .encode() + data)
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+            while await self._exchange(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, ValueError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> bool:
+        """One request and its answer; whether the connection stays open for the next."""
+        request_line = (await reader.readline()).decode()
+        if not request_line:
+            return False  # the client closed an idle connection
+        method, path, _ = request_line.split(" ", 2)
+        headers = {}
+        while (line := (await reader.readline()).decode().strip()):
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        status, answer = await self._answer(method, path, body, reader)
+        if status is None:
+            return False  # the client hung up
+        keep = headers.get("connection", "").lower() != "close"
+        data = json.dumps(answer).encode()
+        writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                     f"content-length: {len(data)}\r\n"
+                     f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
+                     .encode() + data)
+        await writer.drain()
+        return keep
 
     async def _answer(self, method: str, path: str, body: bytes,
                       reader: asyncio.StreamReader) -> tuple[int | None, dict]:
+        if method == "GET" and path == "/health":
+            return 200, {}
         if method == "GET" and path == "/v1/models":
-            return 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
         if method != "POST" or path != "/v1/chat/completions":
             return 404, {"error": {"message": f"no route {path}"}}
         payload = json.loads(body)
@@ -122,7 +149,7 @@ class FakeVllm:
                    and xargs.get("ngram_size", 0) > self.loop_above_ngram)
         text, reason = (LOOP_TEXT, "length") if looping else (self.text, "stop")
         return 200, {
-            "id": f"chatcmpl-{self.served}", "object": "chat.completion", "model": MODEL,
+            "id": f"chatcmpl-{self.served}", "object": "chat.completion", "model": self.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": reason}],
             "usage": {"prompt_tokens": 1146, "completion_tokens": 42 if not looping else 8192,
