@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import socket
@@ -140,7 +141,9 @@ class FakeVllm:
             if done:
                 self.disconnects += 1
                 return None, {}
-            hangup.cancel()
+            hangup.cancel()  # and wait for it: the next request is read on this stream
+            with contextlib.suppress(asyncio.CancelledError):
+                await hangup
         finally:
             self.in_flight -= 1
         self.served += 1
