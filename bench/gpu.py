@@ -906,7 +906,7 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
                       concurrency: int, done: list[tuple[float, int]] | None = None
                       ) -> tuple[float, list[float]]:
     """All pages to `vllm serve` with a plain client: the same requests ocrd sends."""
-    import httpx
+    import aiohttp
 
     bodies = [json.dumps({
         "model": model, "temperature": 0.0, "max_tokens": t, "skip_special_tokens": False,
@@ -918,20 +918,22 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
 
-    async def one(client: httpx.AsyncClient, body: bytes) -> None:
+    async def one(client: aiohttp.ClientSession, body: bytes) -> None:
         async with sem:
             t1 = time.monotonic()
-            resp = await client.post(url + "/chat/completions", content=body,
-                                     headers={"Content-Type": "application/json"})
-            if resp.status_code != 200:
-                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            async with client.post(url + "/chat/completions", data=body,
+                                   headers={"Content-Type": "application/json"}) as resp:
+                answer = await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {answer[:300]!r}")
             latencies.append(time.monotonic() - t1)
             if done is not None:
                 done.append((time.monotonic(), 1))
 
     t0 = time.monotonic()
-    async with httpx.AsyncClient(timeout=900, trust_env=False,
-                                 limits=httpx.Limits(max_connections=None)) as client:
+    async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=900)) as client:
         await asyncio.gather(*(one(client, b) for b in bodies))
     return time.monotonic() - t0, latencies
 

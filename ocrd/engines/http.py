@@ -1,12 +1,13 @@
 """The HTTP client that the remote engine (and the managed local server) talk through.
 
-httpx, not a client of ocrd's own: it does HTTP/1.1 framing, TLS and proxies (CONNECT
-for https, NO_PROXY) the way every other tool on the machine does, and httpx is already
-installed wherever vLLM is (the `openai` package vLLM depends on is built on it). It is
-asyncio-native, so cancelling a request closes its connection, and vLLM aborts a request
-whose client hung up. aiohttp would do as well; httpx's proxy rules from the environment
-(`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`) are urllib's and curl's, which
-is what `systemd/ocrd.default` documents.
+aiohttp, not a client of ocrd's own: it does HTTP/1.1 framing, TLS and proxies (CONNECT
+for https, NO_PROXY) the way other tools on the machine do, and vLLM itself depends on
+it, so it is there wherever vLLM is. It is asyncio-native: cancelling a request closes
+its connection, and vLLM aborts a request whose client hung up. httpx would do the same
+things, but cost 2.5 times the CPU per request of the hand-written client it replaced,
+where aiohttp costs about the same (bench/remote_client.py, README "Engines").
+Proxies come from `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` (either case), with urllib's
+rules, as `systemd/ocrd.default` documents.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from ocrd import __version__
 from ocrd.config import ConfigError, EngineConfig
@@ -61,71 +63,97 @@ def _file_problem(e: OSError | ssl.SSLError, bad_content: str) -> str:
     return f"cannot be read ({e.strerror})"
 
 
-def make_client(cfg: EngineConfig, *, connections: int, use_proxy: bool = True
-                ) -> httpx.AsyncClient:
-    """A client for cfg's servers. With `use_proxy` it takes the proxy settings from the
-    environment; without, it connects directly (a server on this machine)."""
-    return httpx.AsyncClient(
-        verify=tls_context(cfg),
-        trust_env=use_proxy,
-        # requests end by ocrd's own deadline (send()); only connecting has its own
-        timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_SECONDS),
-        # ocrd limits pages in flight per server itself; the pool must never queue them
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=connections,
-                            keepalive_expiry=KEEPALIVE_SECONDS),
-        headers={"User-Agent": f"ocrd/{__version__}", "Accept": "application/json"},
-        follow_redirects=False,
-    )
+@dataclass
+class Answer:
+    """A server's whole answer to one request."""
+
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8"))
+
+    def error_text(self) -> str:
+        """vLLM's error message when there is one, else the start of the body."""
+        try:
+            data = self.json()
+            err = data.get("error", data) if isinstance(data, dict) else data
+            msg = err.get("message") if isinstance(err, dict) else None
+            return str(msg or data)[:300]
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            return self.body[:300].decode("utf-8", "replace")
 
 
-async def send(client: httpx.AsyncClient, method: str, url: str, *,
-               body: bytes | None = None, headers: dict[str, str] | None = None,
-               timeout: float) -> httpx.Response:
-    """One request and its whole answer within `timeout` seconds.
+class Client:
+    """Requests to cfg's servers over kept-alive connections. With `use_proxy` the proxy
+    settings come from the environment; without, it connects directly (a server on this
+    machine). The aiohttp session is made on first use, in the event loop that uses it."""
 
-    Raises ServerUnreachable when there is no complete answer and TimeoutError when it
-    takes longer. Cancelled (or timed out), the request's connection is closed, not
-    returned to the pool: the server sees the client hang up.
-    """
-    try:
-        async with asyncio.timeout(timeout):
-            return await client.request(method, url, content=body, headers=headers)
-    except httpx.TransportError as e:
-        raise ServerUnreachable(describe_error(e)) from e
+    def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True) -> None:
+        self.tls = tls_context(cfg)  # a bad file is a ConfigError now, not at the first page
+        self.use_proxy = use_proxy
+        self._session: aiohttp.ClientSession | None = None
+        self.closed = False
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # ocrd limits pages in flight per server itself: no limit in the pool
+                connector=aiohttp.TCPConnector(limit=0, ssl=self.tls,
+                                               keepalive_timeout=KEEPALIVE_SECONDS),
+                # requests end by ocrd's own deadline (send()); only connecting has its own
+                timeout=aiohttp.ClientTimeout(total=None,
+                                              sock_connect=CONNECT_TIMEOUT_SECONDS),
+                headers={"User-Agent": f"ocrd/{__version__}", "Accept": "application/json"},
+                trust_env=self.use_proxy)
+        return self._session
+
+    async def send(self, method: str, url: str, *, body: bytes | None = None,
+                   headers: dict[str, str] | None = None, timeout: float) -> Answer:
+        """One request and its whole answer within `timeout` seconds.
+
+        Raises ServerUnreachable when there is no complete answer and TimeoutError when
+        it takes longer. Cancelled (or timed out), the request's connection is closed, not
+        returned to the pool: the server sees the client hang up.
+        """
+        if self.closed:
+            raise ServerUnreachable("the client is closed")
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._open().request(method, url, data=body, headers=headers,
+                                                allow_redirects=False) as resp:
+                    return Answer(resp.status, await resp.read())
+        except aiohttp.ClientError as e:  # before TimeoutError: a connect timeout is one
+            raise ServerUnreachable(describe_error(e)) from e
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._session is not None:
+            await self._session.close()
 
 
-def describe_error(e: httpx.TransportError) -> str:
+def describe_error(e: aiohttp.ClientError) -> str:
     """A short reason for a failed exchange, for logs and EngineUnavailable messages."""
-    cause: BaseException | None = e
-    while cause is not None:  # the OSError / SSLError underneath httpx's error
-        if isinstance(cause, ConnectionRefusedError):
-            return "cannot connect: connection refused"
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return (f"TLS: server certificate not trusted ({cause.verify_message}); "
-                    "see engine.tls_ca_file")
-        if isinstance(cause, ssl.SSLError):
-            return f"TLS: {cause.reason or cause}"
-        cause = cause.__cause__ or cause.__context__
-    what = str(e) or type(e).__name__
-    if isinstance(e, httpx.ProxyError):
-        return f"proxy: {what}"
-    if isinstance(e, httpx.TimeoutException):
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        cert = e.certificate_error
+        why = getattr(cert, "verify_message", None) or str(cert)
+        return f"TLS: server certificate not trusted ({why}); see engine.tls_ca_file"
+    if isinstance(e, aiohttp.ClientHttpProxyError):
+        return f"proxy: answered HTTP {e.status} {e.message}"
+    if isinstance(e, aiohttp.ClientProxyConnectionError):
+        return f"proxy: cannot connect ({_os_reason(e.os_error)})"
+    if isinstance(e, aiohttp.ClientConnectorSSLError):
+        return f"TLS: {e.os_error}"
+    if isinstance(e, aiohttp.ConnectionTimeoutError):
         return "cannot connect: timed out"
-    if isinstance(e, httpx.ConnectError):
-        return f"cannot connect: {what}"
-    return f"no complete answer: {what}"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return f"cannot connect: {_os_reason(e.os_error)}"
+    if isinstance(e, aiohttp.ClientOSError) and isinstance(e.__cause__, ssl.SSLError):
+        return f"TLS: {e.__cause__.reason or e.__cause__}"
+    return f"no complete answer: {e or type(e).__name__}"
 
 
-def answer_json(resp: httpx.Response) -> Any:
-    return json.loads(resp.content.decode("utf-8"))
-
-
-def error_text(resp: httpx.Response) -> str:
-    """vLLM's error message when there is one, else the start of the body."""
-    try:
-        data = answer_json(resp)
-        err = data.get("error", data) if isinstance(data, dict) else data
-        msg = err.get("message") if isinstance(err, dict) else None
-        return str(msg or data)[:300]
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        return resp.content[:300].decode("utf-8", "replace")
+def _os_reason(e: OSError) -> str:
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    return e.strerror or str(e) or type(e).__name__

@@ -3,7 +3,7 @@
 Pages go to the server with the fewest pages in flight, at most `concurrency_per_url` per
 server. Connection errors and 5xx answers are retried with exponential backoff on any
 server; when none answers, `ocr()` raises EngineUnavailable (the daemon re-queues the page
-and pauses intake) instead of failing the page. The requests go through httpx
+and pauses intake) instead of failing the page. The requests go through aiohttp
 (ocrd/engines/http.py: TLS settings, proxies from the environment); cancelling `ocr()`
 closes the request's connection, which makes vLLM abort the request.
 """
@@ -18,14 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import structlog
 from PIL import Image
 
 from ocrd.config import ConfigError, EngineConfig
 from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
-from ocrd.engines.http import ServerUnreachable, answer_json, error_text, make_client, send
+from ocrd.engines.http import Answer, Client, ServerUnreachable
 from ocrd.errors import EngineUnavailable
 
 log = structlog.get_logger(__name__)
@@ -115,8 +114,7 @@ class RemoteEngine(Engine):
         self._slot_freed = asyncio.Event()
         self._turn = 0  # rotates the choice among equally busy servers
         self._closing = False
-        self._client = make_client(cfg, connections=self.max_concurrency,
-                                   use_proxy=use_proxy)
+        self._client = Client(cfg, use_proxy=use_proxy)
         self._requests: set[asyncio.Task] = set()  # in flight, for close() to cut
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -149,7 +147,7 @@ class RemoteEngine(Engine):
             request.cancel()
         self._slot_freed.set()
         await asyncio.gather(*self._requests, return_exceptions=True)
-        await self._client.aclose()
+        await self._client.close()
 
     def describe(self) -> dict:
         info = super().describe()
@@ -165,16 +163,17 @@ class RemoteEngine(Engine):
 
     async def _probe(self, server: _Server) -> None:
         try:
-            resp = await send(self._client, "GET", server.url + "/models",
-                              headers=self._headers(), timeout=PROBE_TIMEOUT_SECONDS)
+            resp = await self._client.send("GET", server.url + "/models",
+                                           headers=self._headers(),
+                                           timeout=PROBE_TIMEOUT_SECONDS)
         except (ServerUnreachable, TimeoutError) as e:
             server.failed(str(e) or "timed out")
             return
-        if resp.status_code != 200:
-            server.failed(f"HTTP {resp.status_code}: {error_text(resp)}")
+        if resp.status != 200:
+            server.failed(f"HTTP {resp.status}: {resp.error_text()}")
             return
         try:
-            server.models = [m["id"] for m in answer_json(resp).get("data", [])]
+            server.models = [m["id"] for m in resp.json().get("data", [])]
         except (ValueError, KeyError, TypeError, AttributeError):
             server.models = []
         server.answered()
@@ -220,7 +219,7 @@ class RemoteEngine(Engine):
         body = json.dumps(self._payload(page, image_url, settings)).encode("utf-8")
         resp, server = await self._post("/chat/completions", body)
         try:
-            data = answer_json(resp)
+            data = resp.json()
             choice = data["choices"][0]
             usage = data.get("usage") or {}
             text = (choice.get("message") or {}).get("content") or ""
@@ -236,19 +235,17 @@ class RemoteEngine(Engine):
                            ) -> int | None:
         """The HTTP status of a GET of `url` through this engine's client (e.g. a
         server's /health), or None when there is no answer within `timeout`."""
-        if self._client.is_closed:
-            return None
         try:
-            resp = await send(self._client, "GET", url, timeout=timeout)
+            resp = await self._client.send("GET", url, timeout=timeout)
         except (ServerUnreachable, TimeoutError):
             return None
-        return resp.status_code
+        return resp.status
 
-    async def _send(self, url: str, body: bytes) -> httpx.Response:
+    async def _send(self, url: str, body: bytes) -> Answer:
         """POST in a task of its own, which close() cancels: then EngineUnavailable
         (a cancel of the caller itself stays a cancel)."""
-        request = asyncio.ensure_future(send(
-            self._client, "POST", url, body=body, headers=self._headers(),
+        request = asyncio.ensure_future(self._client.send(
+            "POST", url, body=body, headers=self._headers(),
             timeout=self.cfg.request_timeout_seconds))
         self._requests.add(request)
         try:
@@ -261,7 +258,7 @@ class RemoteEngine(Engine):
         finally:
             self._requests.discard(request)
 
-    async def _post(self, path: str, body: bytes) -> tuple[httpx.Response, _Server]:
+    async def _post(self, path: str, body: bytes) -> tuple[Answer, _Server]:
         """POST to the least busy server; retry elsewhere/later on server trouble."""
         errors: list[str] = []
         tries = MIN_TRIES + len(self.servers) - 1
@@ -282,16 +279,16 @@ class RemoteEngine(Engine):
                     f"{server.url}: no answer within engine.request_timeout_seconds = "
                     f"{self.cfg.request_timeout_seconds:g}") from None
             else:
-                if resp.status_code == 200:
+                if resp.status == 200:
                     server.answered()
                     server.pages += 1
                     return resp, server
-                problem = f"{server.url}: HTTP {resp.status_code}: {error_text(resp)}"
-                if resp.status_code in CONFIG_STATUS:
+                problem = f"{server.url}: HTTP {resp.status}: {resp.error_text()}"
+                if resp.status in CONFIG_STATUS:
                     server.failed(problem)
                     raise EngineUnavailable(
                         f"{problem} (check engine.model, engine.urls and engine.api_key)")
-                if resp.status_code not in RETRY_STATUS:
+                if resp.status not in RETRY_STATUS:
                     server.answered()
                     raise RemoteRequestError(problem)
                 server.failed(problem)
