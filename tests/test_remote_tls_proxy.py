@@ -12,6 +12,7 @@ fake standing in for the `vllm` package.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import ssl
@@ -91,10 +92,12 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 class CountingProxy:
     """An HTTP proxy on 127.0.0.1, as squid is to a client: `CONNECT host:port` opens a
     tunnel (https), an absolute-form request (`POST http://host/...`) is forwarded (http,
-    one request per connection). Remembers every request line."""
+    one request per connection). Remembers every request line and the credentials given
+    (Proxy-Authorization, not passed on)."""
 
     port: int = 0
     requests: list[str] = field(default_factory=list)
+    credentials: list[str] = field(default_factory=list)
     _server: asyncio.Server | None = None
 
     @property
@@ -119,7 +122,10 @@ class CountingProxy:
             method, target, version = line.split(" ", 2)
             headers = []
             while (header := await reader.readline()) not in (b"\r\n", b""):
-                if not header.lower().startswith((b"connection:", b"proxy-connection:")):
+                name, _, value = header.decode("latin-1").partition(":")
+                if name.lower() == "proxy-authorization":
+                    self.credentials.append(value.strip())
+                elif name.lower() not in ("connection", "proxy-connection"):
                     headers.append(header)
             if method == "CONNECT":
                 host, port = target.rsplit(":", 1)
@@ -236,7 +242,7 @@ def test_check_config_loads_the_tls_files(
 def test_http_proxy_from_the_environment_is_used(env: pytest.MonkeyPatch) -> None:
     async def run() -> tuple[Any, FakeVllm, CountingProxy]:
         server, proxy = await FakeVllm().start(), await CountingProxy().start()
-        env.setenv("HTTP_PROXY", proxy.url)
+        env.setenv("HTTP_PROXY", proxy.url.replace("://", "://ocr%40d:pa%20ss@"))
         out = await one_page(RemoteEngine(config(server.url)))
         await server.stop()
         await proxy.stop()
@@ -246,6 +252,8 @@ def test_http_proxy_from_the_environment_is_used(env: pytest.MonkeyPatch) -> Non
     assert out.text.endswith("Hello") and server.served == 1
     assert proxy.requests == [f"GET {server.url}/models HTTP/1.1",
                               f"POST {server.url}/chat/completions HTTP/1.1"]
+    # the credentials in the proxy's URL, for the proxy alone
+    assert proxy.credentials == ["Basic " + base64.b64encode(b"ocr@d:pa ss").decode()] * 2
 
 
 def test_https_goes_through_the_proxy_in_a_connect_tunnel(
@@ -253,7 +261,7 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel(
     async def run() -> tuple[Any, FakeVllm, CountingProxy]:
         server = await FakeVllm(tls=certs.server_context()).start()
         proxy = await CountingProxy().start()
-        env.setenv("https_proxy", proxy.url)  # either spelling counts
+        env.setenv("https_proxy", proxy.url.replace("://", "://ocrd:secret@"))  # any case
         out = await one_page(RemoteEngine(config(server.url, tls_ca_file=str(certs.ca))))
         await server.stop()
         await proxy.stop()
@@ -263,6 +271,7 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel(
     assert out.text.endswith("Hello") and server.served == 1
     # one tunnel, kept open for both requests (the probe and the page)
     assert proxy.requests == [f"CONNECT 127.0.0.1:{server.port} HTTP/1.1"]
+    assert proxy.credentials == ["Basic " + base64.b64encode(b"ocrd:secret").decode()]
 
 
 def test_no_proxy_hosts_are_reached_directly(env: pytest.MonkeyPatch) -> None:

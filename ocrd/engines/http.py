@@ -13,8 +13,11 @@ rules, as `systemd/ocrd.default` documents.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,16 +87,47 @@ class Answer:
             return self.body[:300].decode("utf-8", "replace")
 
 
+Route = tuple[str | None, str | None]  # the proxy's URL (None: direct), its credentials
+
+
+def proxy_route(url: str, proxies: dict[str, str]) -> Route:
+    """The proxy for `url` under urllib's rules (`proxies` as from
+    urllib.request.getproxies_environment()); user:password in the proxy's URL becomes
+    the value of a Proxy-Authorization header."""
+    parts = urllib.parse.urlsplit(url)
+    proxy = proxies.get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return None, None
+    if "://" not in proxy:
+        proxy = "http://" + proxy
+    p = urllib.parse.urlsplit(proxy)
+    if p.username is None:
+        return proxy, None
+    user = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
+    bare = p._replace(netloc=p.netloc.rpartition("@")[2]).geturl()
+    return bare, "Basic " + base64.b64encode(user.encode("utf-8")).decode("ascii")
+
+
 class Client:
-    """Requests to cfg's servers over kept-alive connections. With `use_proxy` the proxy
-    settings come from the environment; without, it connects directly (a server on this
-    machine). The aiohttp session is made on first use, in the event loop that uses it."""
+    """Requests to cfg's servers over kept-alive connections. With `use_proxy`, through
+    the proxies that HTTPS_PROXY/HTTP_PROXY/NO_PROXY name (read once, here); without,
+    directly (a server on this machine). The aiohttp session is made on first use, in the
+    event loop that uses it. (aiohttp's own trust_env would also read ~/.netrc and the
+    environment again, in a thread, for every request.)"""
 
     def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True) -> None:
         self.tls = tls_context(cfg)  # a bad file is a ConfigError now, not at the first page
-        self.use_proxy = use_proxy
+        self._proxies = urllib.request.getproxies_environment() if use_proxy else {}
+        self._routes: dict[str, Route] = {}  # per scheme://host:port
         self._session: aiohttp.ClientSession | None = None
         self.closed = False
+
+    def route(self, url: str) -> Route:
+        origin = url.split("/", 3)[:3]
+        key = "/".join(origin)
+        if key not in self._routes:
+            self._routes[key] = proxy_route(url, self._proxies)
+        return self._routes[key]
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -105,7 +139,7 @@ class Client:
                 timeout=aiohttp.ClientTimeout(total=None,
                                               sock_connect=CONNECT_TIMEOUT_SECONDS),
                 headers={"User-Agent": f"ocrd/{__version__}", "Accept": "application/json"},
-                trust_env=self.use_proxy)
+                trust_env=False)
         return self._session
 
     async def send(self, method: str, url: str, *, body: bytes | None = None,
@@ -118,10 +152,19 @@ class Client:
         """
         if self.closed:
             raise ServerUnreachable("the client is closed")
+        proxy, credentials = self.route(url)
+        proxy_headers = None
+        if credentials is None:
+            pass
+        elif url.startswith("https:"):  # for the CONNECT, not into the tunnel
+            proxy_headers = {"Proxy-Authorization": credentials}
+        else:  # http: the request itself goes to the proxy
+            headers = {**(headers or {}), "Proxy-Authorization": credentials}
         try:
             async with asyncio.timeout(timeout):
-                async with self._open().request(method, url, data=body, headers=headers,
-                                                allow_redirects=False) as resp:
+                async with self._open().request(
+                        method, url, data=body, headers=headers, allow_redirects=False,
+                        proxy=proxy, proxy_headers=proxy_headers) as resp:
                     return Answer(resp.status, await resp.read())
         except aiohttp.ClientError as e:  # before TimeoutError: a connect timeout is one
             raise ServerUnreachable(describe_error(e)) from e
