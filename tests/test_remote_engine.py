@@ -189,6 +189,7 @@ def test_request_is_vllms_chat_format() -> None:
         engine = RemoteEngine(config(server.url, max_tokens=1234))
         await engine.start()
         out = await engine.ocr(page(size=(640, 480)))
+        await engine.close()
         await server.stop()
         return out, server.requests[0]
 
@@ -222,6 +223,7 @@ def test_pages_spread_across_two_servers_within_their_limits() -> None:
         a, b = await FakeVllm(latency=0.2).start(), await FakeVllm(latency=0.2).start()
         engine = RemoteEngine(config(a.url, b.url, concurrency_per_url=3))
         outs = await asyncio.gather(*(engine.ocr(page(i)) for i in range(12)))
+        await engine.close()
         await a.stop()
         await b.stop()
         return a, b, engine, outs
@@ -239,6 +241,7 @@ def test_per_server_limit_is_respected() -> None:
         server = await FakeVllm(latency=0.1, limit=2).start()  # 503 above 2
         engine = RemoteEngine(config(server.url, concurrency_per_url=2))
         await asyncio.gather(*(engine.ocr(page(i)) for i in range(8)))
+        await engine.close()
         await server.stop()
         return server
 
@@ -253,6 +256,7 @@ def test_503_is_retried_with_backoff(fast_backoff: None) -> None:
         engine = RemoteEngine(config(server.url))
         t0 = time.monotonic()
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return server, out, time.monotonic() - t0
 
@@ -272,7 +276,9 @@ def test_every_server_unreachable_is_engine_unavailable(fast_backoff: None) -> N
             error = None
         except Exception as e:
             error = e
-        return error, time.monotonic() - t0, await engine.health()
+        seconds, healthy = time.monotonic() - t0, await engine.health()
+        await engine.close()
+        return error, seconds, healthy
 
     error, seconds, healthy = asyncio.run(run())
     assert isinstance(error, EngineUnavailable)  # not a page failure
@@ -289,6 +295,8 @@ def test_default_backoff_gives_up_within_seconds() -> None:
             await engine.ocr(page())
         except EngineUnavailable as e:
             return e, time.monotonic() - t0
+        finally:
+            await engine.close()
         return None, time.monotonic() - t0
 
     error, seconds = asyncio.run(run())
@@ -301,6 +309,7 @@ def test_a_dead_server_is_skipped_for_a_live_one(fast_backoff: None) -> None:
         live = await FakeVllm().start()
         engine = RemoteEngine(config(f"http://127.0.0.1:{closed_port()}/v1", live.url))
         outs = [await engine.ocr(page(i)) for i in range(4)]
+        await engine.close()
         await live.stop()
         return live, outs
 
@@ -321,6 +330,7 @@ def test_server_comes_back_after_being_down(fast_backoff: None) -> None:
             first = type(e)
         server = await FakeVllm(port=server.port).start()  # same address, restarted
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return first, out.text
 
@@ -337,6 +347,7 @@ def test_bad_request_fails_the_page_and_bad_config_pauses() -> None:
         except Exception as e:
             return e
         finally:
+            await engine.close()
             await server.stop()
         raise AssertionError("no error")
 
@@ -351,7 +362,9 @@ def test_start_refuses_a_model_the_servers_do_not_serve() -> None:
             with pytest.raises(ConfigError, match="not served"):
                 await RemoteEngine(config(server.url).model_copy(
                     update={"model": "other-model"})).start()
-            assert await RemoteEngine(config(server.url)).health() is True
+            engine = RemoteEngine(config(server.url))
+            assert await engine.health() is True
+            await engine.close()
         finally:
             await server.stop()
 
@@ -363,6 +376,7 @@ def test_loop_is_retried_with_tighter_settings() -> None:
         server = await FakeVllm(loop_above_ngram=20).start()  # loops at ngram 30, not 15
         engine = RemoteEngine(config(server.url, loop_retries=2))
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return server, out
 
@@ -380,6 +394,7 @@ def test_a_page_that_always_loops_is_kept_degraded() -> None:
         server = await FakeVllm(loop_above_ngram=0).start()  # loops whatever the settings
         engine = RemoteEngine(config(server.url, loop_retries=2))
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return out
 
@@ -424,6 +439,7 @@ def test_cancelled_page_hangs_up_on_the_server() -> None:
         deadline = time.monotonic() + 5
         while server.disconnects < 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        await engine.close()
         await server.stop()
         return server, engine
 

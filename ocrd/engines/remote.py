@@ -125,6 +125,7 @@ class RemoteEngine(Engine):
         await self._probe_all()
         answering = [s for s in self.servers if s.failures == 0]
         if answering and not any(self.model in s.models for s in answering):
+            await self._client.close()  # this engine is not going to be used
             served = sorted({m for s in answering for m in s.models})
             raise ConfigError(f"engine.model = {self.model!r}: not served by "
                               f"{', '.join(s.url for s in answering)} (they serve {served}); "
