@@ -94,8 +94,10 @@ def summary(r: Result) -> str:
         return (f"{d['files']} files, {d['files_per_s']} files/s, peak RSS "
                 f"{d['peak_rss_mb']} MB, exactly once: {d['exactly_once']}")
     if r.name.startswith("remote_client"):
-        return (f"aiohttp {d['best']['aiohttp']} pages/s vs old client {d['best']['old']} "
-                f"(server {d['latency_s']:g} s a page, {d['concurrency']} in flight)")
+        return (f"aiohttp vs old client: {d['best_per_s']['aiohttp']} vs "
+                f"{d['best_per_s']['old']} pages/s, {d['median_cpu_ms']['aiohttp']} vs "
+                f"{d['median_cpu_ms']['old']} client CPU ms a page (server "
+                f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
