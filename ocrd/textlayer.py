@@ -138,9 +138,12 @@ def words_layer(fonts: FontMap, words: Iterable[Word], width: int, height: int) 
 
 
 def lines_layer(fonts: FontMap, lines: Sequence[str], box: tuple[float, float, float, float],
-                max_line: float | None = None) -> str:
+                max_line: float | None = None, aspect: float | None = None) -> str:
     """Lines of text stacked top to bottom inside box (0..1, y up); the longest spans the
-    box's width, the others in proportion to their length."""
+    box's width, the others in proportion to their length. With `max_line` (a page's
+    text without geometry) lines are at most that tall and glyphs keep their natural
+    width on a page of that `aspect` (width ÷ height), within the box: stretched across
+    the page, the spaces would read as column gaps."""
     lines = [text for line in lines if (text := _clean(line))]
     if not lines:
         return ""
@@ -153,6 +156,8 @@ def lines_layer(fonts: FontMap, lines: Sequence[str], box: tuple[float, float, f
     for k, line in enumerate(lines):
         top = y1 - k * step
         right = x0 + (x1 - x0) * len(line) / longest
+        if aspect:
+            right = min(x1, x0 + len(line) * GLYPH_WIDTH * step / aspect)
         ops.append(_show(fonts, line, x0, top - step, right, top))
     return "".join(ops)
 
@@ -205,7 +210,7 @@ def page_layer(fonts: FontMap, out: PageOutput, width: int, height: int,
     else:
         placement, ops, loose = "page", "", out.text.splitlines()
     if loose:  # text without a box: over the page rather than nowhere
-        ops += lines_layer(fonts, loose, _FALLBACK_BOX, _FALLBACK_LINE)
+        ops += lines_layer(fonts, loose, _FALLBACK_BOX, _FALLBACK_LINE, width / height)
     if not ops:
         placement = "none"
     body = f"BT\n3 Tr\n{ops}ET\n" if ops else ""

@@ -27,6 +27,8 @@ from .textlayer import FONT_NAME, GLYPHLESS_TTF, FontMap, PageLayer
 MODES = ("replace", "add", "skip_if_text")
 LAYER_NAME = "OcrdLayer"
 _TEXT_SHOWING = {"Tj", "TJ", "'", '"'}
+# operators that make marks other than text (paths, images, shadings, inline images)
+_PAINTING = {"S", "s", "f", "F", "f*", "B", "B*", "b", "b*", "sh", "Do", "BI", "EI"}
 
 
 def _flate(pdf: Any, data: bytes, **entries: Any) -> Any:
@@ -141,13 +143,14 @@ def add_layer(pdf: Any, page: Any, layer: PageLayer, font: Any) -> None:
 
 
 def strip_invisible_text(pdf: Any, page: Any) -> bool:
-    """Remove text shown in render mode 3 (an earlier OCR layer) from the page's own
-    content; True if there was any. Visible text is kept."""
+    """Remove an earlier OCR layer from the page: text shown in render mode 3 in its own
+    content, and the drawing of form XObjects that hold nothing but such text (ocrd's
+    own layer, OCRmyPDF's). True if there was any; visible text is kept."""
     import pikepdf
 
-    ops = pikepdf.parse_content_stream(page)
+    xobjects = (_inherited(page.obj, "/Resources") or {}).get("/XObject") or {}
     kept, mode, saved, removed = [], 0, [], False
-    for operands, op in ops:
+    for operands, op in pikepdf.parse_content_stream(page):
         name = str(op)
         if name == "q":
             saved.append(mode)
@@ -155,13 +158,34 @@ def strip_invisible_text(pdf: Any, page: Any) -> bool:
             mode = saved.pop()
         elif name == "Tr" and operands:
             mode = int(operands[0])
-        elif name in _TEXT_SHOWING and mode == 3:
+        elif (name in _TEXT_SHOWING and mode == 3) or (
+                name == "Do" and operands and _text_only_form(xobjects.get(operands[0]))):
             removed = True
             continue
         kept.append((operands, op))
     if removed:
         page.obj.Contents = pikepdf.Stream(pdf, pikepdf.unparse_content_stream(kept))
     return removed
+
+
+def _text_only_form(xobject: Any) -> bool:
+    """A form XObject that shows text in render mode 3 and paints nothing else."""
+    import pikepdf
+
+    if xobject is None or xobject.get("/Subtype") != "/Form":
+        return False
+    mode, shown = 0, False
+    for operands, op in pikepdf.parse_content_stream(xobject):
+        name = str(op)
+        if name == "Tr" and operands:
+            mode = int(operands[0])
+        elif name in _TEXT_SHOWING:
+            if mode != 3:
+                return False
+            shown = True
+        elif name in _PAINTING:
+            return False
+    return shown
 
 
 def decide(mode: str, layer: PageLayer, existing_chars: int | None) -> str:
