@@ -100,6 +100,12 @@ def bbox_words(pdf: Path, page: int) -> list[tuple[str, float, float, float, flo
     return [(html.unescape(m[4]), *map(float, m[:4])) for m in _BBOX.findall(out)]
 
 
+def md_words(md: str) -> list[str]:
+    """The words of ocrd's Markdown: without its page markers (HTML comments), tags and
+    figure links, which a text layer does not carry."""
+    return words(re.sub(r"<!--.*?-->|<[^>]+>|!\[\]\([^)]*\)", " ", md))
+
+
 def tesseract_words(image: Image.Image) -> list[Any]:
     """What the engine saw: the same tesseract run as ocrd's, on the same page image."""
     buf = io.BytesIO()
@@ -175,7 +181,7 @@ def test_scanned_pdf_text_is_found_where_tesseract_saw_it(converted: dict) -> No
         [{"placement": "words", "layer": "added"}] * 2
     md = (out / "scan.md").read_text()
     text = poppler("pdftotext", out / "scan.pdf", "-")
-    assert recall(words(md), text) >= 0.95
+    assert recall(md_words(md), text) >= 0.95
     doc = pdfium.PdfDocument(converted["scan"])
     for i in range(2):
         image = doc[i].render(scale=DPI / 72).to_pil()
@@ -227,7 +233,7 @@ def test_photo_becomes_a_page_at_its_resolution_jpeg_as_is(converted: dict) -> N
     diff = ImageChops.difference(shown, upright.convert("L"))
     assert sum(diff.histogram()[40:]) < 0.01 * shown.width * shown.height  # upright
     text = poppler("pdftotext", made, "-")
-    assert recall(words((out / "photo-2.md").read_text()), text) >= 0.95
+    assert recall(md_words((out / "photo-2.md").read_text()), text) >= 0.95
     assert_words_on_their_boxes(made, 1, upright, 200)
 
 
@@ -321,8 +327,7 @@ def test_grounding_boxes_place_each_block_line_by_line(tmp_path: Path) -> None:
     for word in ("Widgets", "4200", "Gadgets", "17"):
         assert _inside(laid[word], table), word
     md = (out / "report.md").read_text()
-    md = re.sub(r"<[^>]+>|!\[\]\([^)]*\)", " ", md)  # tags and the figure's link
-    assert recall(words(md), poppler("pdftotext", out / "report.pdf", "-")) >= 0.95
+    assert recall(md_words(md), poppler("pdftotext", out / "report.pdf", "-")) >= 0.95
 
 
 def test_no_geometry_puts_the_text_over_the_page_and_says_so(tmp_path: Path) -> None:
@@ -446,3 +451,32 @@ def test_pdf_settings_are_checked() -> None:
                      (dict(pdf_text_layer="twice"), "pdf_text_layer")):
         with pytest.raises(ConfigError, match=key):
             parse_config(inbox(**bad), Path("/"))
+
+
+@pytest.mark.e2e
+def test_daemon_inbox_with_pdf_output(tmp_path: Path) -> None:
+    """`outputs: [markdown, pdf]` on an inbox of the real daemon (tesseract): the PDF
+    lands beside the Markdown under the configured suffix, listed in the sidecar, before
+    the Markdown appears; the metrics count no failure."""
+    import urllib.request
+
+    from helpers import Daemon, drop, wait_for
+
+    root = tmp_path / "d"
+    inbox = {"path": str(root / "inbox"), "outbox": str(root / "outbox"),
+             "failed": str(root / "failed"), "archive": str(root / "archive"),
+             "quiet_seconds": 0.5, "outputs": ["markdown", "pdf"], "pdf_suffix": ".ocr.pdf"}
+    lines = distinct_lines(5, 6)
+    text_image(lines).save(tmp_path / "note.png")
+    with Daemon(root, inboxes=[inbox]) as d:
+        d.start()
+        drop(tmp_path / "note.png", d.inbox / "note.png")
+        wait_for(lambda: (d.outbox / "note.md").exists(), 90, "note.md")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{d.port}/metrics",
+                                         timeout=10).read().decode()
+    assert re.search(r"^ocrd_pdf_failures_total 0\.0$", metrics, re.M), metrics
+    meta = json.loads((d.outbox / "note.json").read_text())
+    assert meta["outputs"]["pdf"] == "note.ocr.pdf"
+    text = poppler("pdftotext", d.outbox / "note.ocr.pdf", "-")
+    assert recall(md_words((d.outbox / "note.md").read_text()), text) >= 0.95
+    assert recall(lines, text) >= 0.95
