@@ -129,6 +129,14 @@ async def finish(pdf: SearchablePdf, pool: Any, source: str, kind: str,
             existing = await pool.call(textpdf.text_chars, source)
         except Exception as e:  # noqa: BLE001 - unknown: the layer is added
             log_.info("pdf_text_count_failed", error=str(e))
-    await asyncio.to_thread(pdf.write, folder, base, source, kind, perms, existing, log_)
+    # Cancelled (the daemon stops) while the thread writes: let it finish, so that the
+    # caller's discard removes the PDF instead of a late rename leaving it behind.
+    writing = asyncio.ensure_future(asyncio.to_thread(pdf.write, folder, base, source,
+                                                      kind, perms, existing, log_))
+    try:
+        await asyncio.shield(writing)
+    except asyncio.CancelledError:
+        await asyncio.wait({writing})
+        raise
     if pdf.failed is not None and metrics is not None:
         metrics.pdf_failures.inc()

@@ -365,6 +365,18 @@ def test_unicode_survives_search_and_copy(tmp_path: Path) -> None:
 # -- pages that have text already ----------------------------------------------------------
 
 
+def test_convert_into_the_pdfs_own_folder_writes_name_ocr_pdf(tmp_path: Path) -> None:
+    from helpers import make_pdf
+
+    (tmp_path / "out").mkdir()
+    src = make_pdf(tmp_path / "out" / "doc.pdf", [[]])
+    original = src.read_bytes()
+    out = convert_remote(tmp_path, [src], "Beside the original")
+    assert src.read_bytes() == original
+    assert json.loads((out / "doc.json").read_text())["outputs"]["pdf"] == "doc.ocr.pdf"
+    assert "Beside the original" in poppler("pdftotext", out / "doc.ocr.pdf", "-")
+
+
 def test_text_pages_keep_their_text_unless_asked(tmp_path: Path) -> None:
     from helpers import make_pdf
 
@@ -480,3 +492,18 @@ def test_daemon_inbox_with_pdf_output(tmp_path: Path) -> None:
     text = poppler("pdftotext", d.outbox / "note.ocr.pdf", "-")
     assert recall(md_words((d.outbox / "note.md").read_text()), text) >= 0.95
     assert recall(lines, text) >= 0.95
+
+
+def test_tesseract_tsv_gives_the_same_text_as_its_text_output(tmp_path: Path) -> None:
+    """The engine now asks tesseract for TSV (words and boxes from the one run): the
+    Markdown's text must stay what tesseract's plain text output says."""
+    lines = distinct_lines(6, 4) + ["", "A second paragraph, café.", "Its last line"]
+    text_image(lines, (1400, 460)).save(tmp_path / "p.png")
+
+    def run(*fmt: str) -> str:
+        return subprocess.run(["tesseract", tmp_path / "p.png", "stdout", *fmt],
+                              capture_output=True, text=True, timeout=120).stdout
+
+    text, found = tesseract_tsv.parse(run("tsv"))
+    assert text == run().strip()
+    assert "\n\n" in text and len(found) == len(text.split())
