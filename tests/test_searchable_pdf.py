@@ -190,6 +190,22 @@ def test_scanned_pdf_text_is_found_where_tesseract_saw_it(converted: dict) -> No
         assert_words_on_their_boxes(out / "scan.pdf", i + 1, image, DPI)
 
 
+def test_sidecars_with_the_pdf_match_the_schema(converted: dict, tmp_path: Path) -> None:
+    from helpers import make_pdf
+    from test_records import valid, validator
+
+    out = convert_remote(tmp_path, [make_pdf(tmp_path / "g.pdf", [[]])], GROUNDED)
+    check = validator("sidecar.schema.json")
+    for sidecar in (converted["out"] / "scan.json", converted["out"] / "photo-2.json",
+                    out / "g.json"):
+        meta = json.loads(sidecar.read_text())
+        assert "text_layer" in meta["pages"][0] and "pdf_failed" in meta["outputs"]
+        valid(check, meta)
+    meta["pages"][0]["text_layer"]["layer"] = "sometimes"
+    with pytest.raises(AssertionError):
+        valid(check, meta)
+
+
 def test_original_pages_images_and_metadata_are_kept(converted: dict) -> None:
     made = converted["out"] / "scan.pdf"
     with pikepdf.open(converted["scan"]) as before, pikepdf.open(made) as after:
