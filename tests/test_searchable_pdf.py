@@ -523,3 +523,24 @@ def test_tesseract_tsv_gives_the_same_text_as_its_text_output(tmp_path: Path) ->
     text, found = tesseract_tsv.parse(run("tsv"))
     assert text == run().strip()
     assert "\n\n" in text and len(found) == len(text.split())
+
+
+def test_a_pdf_that_fails_is_counted_and_leaves_nothing(tmp_path: Path) -> None:
+    """qpdf refusing a source for real (an image handed over as a PDF): the failure is
+    recorded with qpdf's words, counted in the metrics, and no file is left behind."""
+    from ocrd import outbox, pdfout, safefs
+    from ocrd.engines.base import PageOutput
+    from ocrd.metrics import Metrics
+
+    metrics = Metrics()
+    pdf = pdfout.SearchablePdf(pdfout.PdfSettings("add"), 1, grounding=False)
+    pdf.page(0, PageOutput("some text"), 100, 100)
+    Image.new("RGB", (100, 100), "white").save(tmp_path / "x.png")
+    (tmp_path / "out").mkdir()
+    with safefs.Dir.open_root(tmp_path / "out") as out:
+        asyncio.run(pdfout.finish(pdf, None, str(tmp_path / "x.png"), "pdf", out, "x",
+                                  outbox.Perms(), metrics))
+    assert pdf.written is None and "could not be made" in (pdf.failed or "")
+    assert pdf.outputs() == {"pdf": None, "pdf_failed": pdf.failed}
+    assert metrics.registry.get_sample_value("ocrd_pdf_failures_total") == 1
+    assert list((tmp_path / "out").iterdir()) == []
