@@ -327,9 +327,10 @@ def rendering(quick: bool) -> list[Result]:
 # -- 3. memory ----------------------------------------------------------------------------
 
 
-def _peak_rss_converting(root: Path, pages_n: int, engine_cfg: dict) -> dict:
+def _peak_rss_converting(root: Path, pages_n: int, engine_cfg: dict,
+                         inbox: dict | None = None) -> dict:
     data = pdf_bytes(pages_n)
-    with DaemonProcess(root, daemon_config(root, engine_cfg)).start() as d:
+    with DaemonProcess(root, daemon_config(root, engine_cfg, inbox=inbox or {})).start() as d:
         with TreeRss(d.pid, interval=0.01) as rss:
             idle = rss.sample()
             t0 = time.time()
@@ -349,6 +350,28 @@ def memory(quick: bool) -> list[Result]:
     _log(f"  1,000 pages: peak {big['peak_rss_mb']} MB ({big['seconds']} s)")
     return [Result("memory_1000_vs_10_pages", big["peak_rss_mb"] / small["peak_rss_mb"],
                    1.25, "<=", {"10_pages": small, "1000_pages": big})]
+
+
+def memory_pdf(quick: bool) -> list[Result]:
+    """The same with the searchable PDF on (outputs: [markdown, pdf]), a layer on every
+    page (pdf_text_layer: add; the bench's pages are born-digital text, which
+    skip_if_text would leave alone). Checks that the PDF has every page."""
+    import pikepdf
+
+    inbox = {"outputs": ["markdown", "pdf"], "pdf_text_layer": "add"}
+    _log("memory_pdf: the same two PDFs with the searchable PDF written too")
+    rows = {}
+    for n in (10, 1000):
+        root = fresh(f"memory-pdf-{n}")
+        rows[n] = _peak_rss_converting(root, n, SIMULATED, inbox)
+        with pikepdf.open(root / "outbox" / f"doc{n}.pdf") as pdf:
+            if len(pdf.pages) != n:
+                raise RuntimeError(f"doc{n}.pdf has {len(pdf.pages)} pages, not {n}")
+        rows[n]["pdf_bytes"] = (root / "outbox" / f"doc{n}.pdf").stat().st_size
+        _log(f"  {n} pages: peak {rows[n]['peak_rss_mb']} MB ({rows[n]['seconds']} s)")
+    return [Result("memory_pdf_1000_vs_10_pages",
+                   rows[1000]["peak_rss_mb"] / rows[10]["peak_rss_mb"], 1.25, "<=",
+                   {"10_pages": rows[10], "1000_pages": rows[1000]})]
 
 
 # -- 4. pick-up latency -------------------------------------------------------------------
@@ -580,6 +603,7 @@ CASES = {
     "saturation_vllm": vllm_saturation,
     "rendering": rendering,
     "memory": memory,
+    "memory_pdf": memory_pdf,
     "pickup": pickup,
     "pickup_moved": pickup_moved,
     "burst": burst,
