@@ -27,9 +27,9 @@ from bench.cases import Result, _log
 from bench.harness import ROOT
 
 # The last commit whose ocrd/engines/remote.py had the hand-written client.
-OLD_CLIENT_COMMIT = "fd1893221d4a336b8198d866df86957ad1a6b780"
+OLD_CLIENT_COMMIT = "15e15a16d11d20cced7e0a4b71dd4a18befdcc91"
 MODEL = "deepseek-ai/DeepSeek-OCR-2"
-CONCURRENCY = 16  # engine.concurrency_per_url
+CONCURRENCY = 16  # engine.concurrency_per_url (and queue_per_url 0): pages in flight
 
 SERVER = """\
 import asyncio, sys
@@ -103,7 +103,8 @@ async def _round(engine_cls: type, url: str, reqs: list[tuple[Any, str]]) -> Mea
     from ocrd.engines._loops import attempt_settings
 
     cfg = EngineConfig.model_validate({"kind": "remote", "model": MODEL, "urls": [url],
-                                       "concurrency_per_url": CONCURRENCY})
+                                       "concurrency_per_url": CONCURRENCY,
+                                       "queue_per_url": 0})
     settings = attempt_settings(cfg.ngram, 1)
     engine = engine_cls(cfg)
     await engine.start()

@@ -221,7 +221,9 @@ class ManagedServerEngine(Engine):
         self.env = env
         self._client = RemoteEngine(cfg.model_copy(update={
             "kind": "remote", "urls": [self.url],
-            "concurrency_per_url": self.max_concurrency}), use_proxy=False)  # 127.0.0.1
+            "concurrency_per_url": cfg.vllm.max_num_seqs,
+            "queue_per_url": QUEUE_PER_API_SERVER * self.api_servers}),
+            use_proxy=False)  # 127.0.0.1: never through a proxy
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._supervisor: asyncio.Task | None = None

@@ -21,7 +21,8 @@ import structlog
 from ..config import EngineConfig
 from ..errors import EngineDead
 from ..pages import RenderedPage
-from .base import Engine, PageOutput, PageRequest
+from . import tesseract_tsv
+from .base import Engine, PageOutput, PageRequest, Word
 
 log = structlog.get_logger("ocrd.engine.tesseract")
 
@@ -65,15 +66,17 @@ class TesseractEngine(Engine):
                            page.image.convert("RGB").tobytes(), 0).to_ppm()
         async with self._slots:
             started = time.time()
-            text = await self._run(ppm)
+            text, words = await self._run(ppm)
         finished = time.time()
         return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
                           seconds=finished - started, started_at=started,
-                          finished_at=finished)
+                          finished_at=finished, words=words)
 
-    async def _run(self, ppm: bytes) -> str:
+    async def _run(self, ppm: bytes) -> tuple[str, list[Word]]:
         assert self.binary is not None
-        args = [self.binary, "stdin", "stdout", "-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
+        # TSV: the text and every word's box from one run (the searchable PDF's layer)
+        args = [self.binary, "stdin", "stdout", "-l", self.cfg.lang, "--psm", str(self.cfg.psm),
+                "tsv"]
         # OMP threads inside tesseract fight with our own parallelism: one per process.
         env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         proc = await asyncio.create_subprocess_exec(
@@ -91,7 +94,8 @@ class TesseractEngine(Engine):
             msg = err.decode(errors="replace").strip().splitlines()
             raise RuntimeError(f"tesseract exited with {proc.returncode}: "
                                f"{msg[-1] if msg else ''}")
-        return _clean(out.decode("utf-8", errors="replace"))
+        text, words = tesseract_tsv.parse(out.decode("utf-8", errors="replace"))
+        return _clean(text), words
 
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
