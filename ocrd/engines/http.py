@@ -51,11 +51,13 @@ def tls_context(cfg: EngineConfig) -> ssl.SSLContext:
     if cfg.tls_cert_file is not None:
         key = str(cfg.tls_key_file) if cfg.tls_key_file is not None else None
         try:
-            ctx.load_cert_chain(str(cfg.tls_cert_file), key)
+            # an encrypted key would make OpenSSL ask for its password on the terminal
+            ctx.load_cert_chain(str(cfg.tls_cert_file), key, password=lambda: b"")
         except (OSError, ssl.SSLError) as e:
             files = f"engine.tls_cert_file = {str(cfg.tls_cert_file)!r}" + (
                 f", engine.tls_key_file = {key!r}" if key else "")
-            problem = _file_problem(e, "not a PEM certificate and its matching private key")
+            problem = _file_problem(e, "not a PEM certificate and its matching private key "
+                                       "(unencrypted)")
             raise ConfigError(f"{files}: {problem}") from None
     return ctx
 
