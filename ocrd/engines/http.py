@@ -125,8 +125,8 @@ class Client:
         self.closed = False
 
     def route(self, url: str) -> Route:
-        origin = url.split("/", 3)[:3]
-        key = "/".join(origin)
+        """Through which proxy `url` goes (worked out once per server)."""
+        key = "/".join(url.split("/", 3)[:3])  # scheme://host:port
         if key not in self._routes:
             self._routes[key] = proxy_route(url, self._proxies)
         return self._routes[key]
@@ -156,12 +156,11 @@ class Client:
             raise ServerUnreachable("the client is closed")
         proxy, credentials = self.route(url)
         proxy_headers = None
-        if credentials is None:
-            pass
-        elif url.startswith("https:"):  # for the CONNECT, not into the tunnel
-            proxy_headers = {"Proxy-Authorization": credentials}
-        else:  # http: the request itself goes to the proxy
-            headers = {**(headers or {}), "Proxy-Authorization": credentials}
+        if credentials is not None:
+            if url.startswith("https:"):  # for the CONNECT, never into the tunnel
+                proxy_headers = {"Proxy-Authorization": credentials}
+            else:  # http: the request itself goes to the proxy
+                headers = {**(headers or {}), "Proxy-Authorization": credentials}
         try:
             async with asyncio.timeout(timeout):
                 async with self._open().request(
