@@ -58,7 +58,7 @@ VOCAB = 129280
 NGRAM_ARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}
 SERVER_PORT = 8765
 VLLM_NGRAM = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
-OCRD_NGRAM = "ocrd.engines.ngram:NGramBanLogitsProcessor"  # ocrd's production default
+OCRD_NGRAM = "ocrd.vllm_model.ngram:NGramBanLogitsProcessor"  # ocrd's production default
 BAN_EOS = "bench.gpu_lp:BanEos"
 ENV = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -461,8 +461,8 @@ def phase_offline(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from ocrd.engines import vllm_plugin
     from ocrd.engines.vllm import HeadDimGuard
+    from ocrd.vllm_model import plugin
 
     result["vllm"] = vllm.__version__
     result["import_s"] = round(time.perf_counter() - t0, 1)
@@ -474,10 +474,10 @@ def phase_offline(args: argparse.Namespace) -> None:
     # ocrd's fast encoder model (its vLLM plugin, found through the .dist-info that
     # gpu_run.sh writes); stock and fast are then compared inside this one engine by
     # switching the model's path (apply_model sends the switch: needs pickled callables)
-    os.environ[vllm_plugin.ENV] = "1"
+    os.environ[plugin.ENV] = "1"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    vllm_plugin.use(True)
-    result["plugin_installed"] = vllm_plugin.installed()
+    plugin.use(True)
+    result["plugin_installed"] = plugin.installed()
     with GpuMemory() as mem:
         t0 = time.perf_counter()
         llm = LLM(model=str(args.model), enable_prefix_caching=False, mm_processor_cache_gb=0,
@@ -645,7 +645,7 @@ def _set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> s
         return None
     import torch
 
-    from ocrd.engines import dsocr2_fast
+    from ocrd.vllm_model import dsocr2_fast
 
     base, *flags = mode.split("_")
     model.ocrd_set_fast(base != "stock")

@@ -165,7 +165,7 @@ class VllmConfig(_Strict):
     server_port: int = Field(default=0, ge=0, le=65535)
     # ocrd's DeepSeek-OCR-2 vision encoder path (on vLLM <= 0.24 with a vectorised
     # attention mask; one host sync per step): 151 -> 60 ms of engine time per page on an
-    # H200 page by page, 36 ms batched (ocrd/engines/dsocr2_fast.py, bench/GPU_RESULTS.md).
+    # H200 page by page, 36 ms batched (ocrd/vllm_model/dsocr2_fast.py, bench/GPU_RESULTS.md).
     # Needs ocrd installed with its entry points (pip install), which vLLM loads.
     fast_encoder: bool = True
     # With fast_encoder: encode the step's pages together, in padded calls of 8/4/2/1

@@ -19,17 +19,15 @@ from typing import Any
 import structlog
 
 from ocrd.config import EngineConfig, VllmConfig
-from ocrd.engines import vllm_plugin
-from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
+from ocrd.engines import deepseek_ocr2
+from ocrd.engines._loops import Attempt, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, AttemptSettings
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.vllm_model import plugin
 
 log = structlog.get_logger(__name__)
 
-# The recipe's logits processor for DeepSeek-OCR-2 (n-gram ban with per-request args):
-# ocrd's drop-in for vLLM's NGramPerReqLogitsProcessor, same bans at a fraction of the
-# engine time (ocrd/engines/ngram.py). vLLM imports it by name in its engine core.
-NGRAM_PROCESSOR = "ocrd.engines.ngram:NGramBanLogitsProcessor"
 # How long close() lets vLLM's shutdown() take before giving up on it.
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 
@@ -86,8 +84,9 @@ def fixed_head_dim(text_config: Any) -> int | None:
 
 
 def recipe_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """The engine settings from the config and the model's recipe, before any
-    pass-through engine_args (shared by the in-process engine and the managed server)."""
+    """The engine settings from the config and the model's recipe
+    (deepseek_ocr2.engine_settings), before any pass-through engine_args (shared by the
+    in-process engine and the managed server)."""
     v = cfg.vllm
     return {
         "model": cfg.model,
@@ -99,12 +98,7 @@ def recipe_kwargs(cfg: EngineConfig) -> dict[str, Any]:
            if v.max_num_batched_tokens else {}),
         "tensor_parallel_size": v.tensor_parallel_size,
         "data_parallel_size": v.data_parallel_size,
-        # Recipe: pages never share a prefix worth caching, and caching processed images
-        # only costs memory (every page image is new).
-        "enable_prefix_caching": False,
-        "mm_processor_cache_gb": 0,
-        "limit_mm_per_prompt": {"image": 1},
-        "logits_processors": [NGRAM_PROCESSOR],
+        **deepseek_ocr2.engine_settings(),
     }
 
 
@@ -122,7 +116,7 @@ def fast_encoder_usable(cfg: EngineConfig) -> bool:
     metadata)."""
     if not cfg.vllm.fast_encoder:
         return False
-    if vllm_plugin.installed():
+    if plugin.installed():
         return True
     log.warning("vllm_fast_encoder_unavailable",
                 why="ocrd's vLLM plugin is not installed (install ocrd with pip); "
@@ -135,12 +129,12 @@ def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
     the environment of the engine core process that vLLM spawns while building (restored
     afterwards), and directly in this process (where vLLM may have loaded its plugins
     already, and runs the engine core itself with VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    settings = vllm_plugin.environment(v.fast_encoder, v.batch_encoder)
+    settings = plugin.environment(v.fast_encoder, v.batch_encoder)
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
-        if vllm_plugin.has_model_code():
-            vllm_plugin.use(v.fast_encoder)
+        if plugin.has_model_code():
+            plugin.use(v.fast_encoder)
         return api.AsyncLLM.from_engine_args(api.AsyncEngineArgs(**kwargs))
     finally:
         for key, value in saved.items():
@@ -185,7 +179,7 @@ class _VllmApi:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        from ocrd.engines.ngram import NGramBanLogitsProcessor
+        from ocrd.vllm_model.ngram import NGramBanLogitsProcessor
 
         try:  # vLLM >= 0.19 can end a looping request early
             from vllm.sampling_params import RepetitionDetectionParams
@@ -207,7 +201,7 @@ class VllmEngine(Engine):
     """DeepSeek-OCR-2 on a vLLM AsyncLLM engine owned by this process."""
 
     kind = "vllm"
-    output_format = "grounding"
+    output_format = deepseek_ocr2.OUTPUT_FORMAT
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -328,10 +322,8 @@ class VllmEngine(Engine):
 
     def _params(self, api: _VllmApi, settings: AttemptSettings) -> Any:
         kwargs: dict[str, Any] = {
-            "temperature": 0.0,
+            **deepseek_ocr2.SAMPLING,
             "max_tokens": self.cfg.max_tokens,
-            # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
-            "skip_special_tokens": False,
             "output_kind": api.final_only,
             "extra_args": settings.extra_args(),
         }
@@ -346,7 +338,7 @@ class VllmEngine(Engine):
         assert api is not None
         request_id = (f"{self._id_prefix}-{next(self._ids)}-{_request_tag(page.doc_id)}"
                       f"-p{page.page_no}-a{settings.attempt}")
-        prompt = {"prompt": page.prompt, "multi_modal_data": {"image": page.image}}
+        prompt = {"prompt": deepseek_ocr2.prompt(page), "multi_modal_data": {"image": page.image}}
         self._in_flight.add(request_id)
         try:
             final = await self._generate_unless_closed(

@@ -6,7 +6,8 @@ import pickle
 from typing import Any
 
 from ocrd.config import EngineConfig
-from ocrd.engines.vllm import NGRAM_PROCESSOR, HeadDimGuard, VllmEngine, engine_kwargs
+from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR
+from ocrd.engines.vllm import HeadDimGuard, VllmEngine, engine_kwargs
 
 
 class FakeConfig:
