@@ -461,7 +461,7 @@ def phase_offline(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from ocrd.engines.vllm import HeadDimGuard
+    from ocrd.engines.vllm_args import HeadDimGuard
     from ocrd.vllm_model import plugin
 
     result["vllm"] = vllm.__version__

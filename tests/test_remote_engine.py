@@ -414,7 +414,7 @@ def test_trim_loop_cuts_repeated_tails_only() -> None:
 
 
 def test_retry_settings_tighten() -> None:
-    from ocrd.config import NGramConfig
+    from ocrd.engine_config import NGramConfig
 
     ngram = NGramConfig()
     settings = [deepseek_ocr2.attempt_settings(ngram, n) for n in (1, 2, 3, 4, 5)]

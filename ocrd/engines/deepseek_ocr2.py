@@ -4,7 +4,7 @@ settings, and the n-gram ban every request runs under (tightened by ocrd on retr
 The engines that run the model — in the daemon's process (vllm.py), on a local
 `vllm serve` that ocrd supervises (managed.py), on servers elsewhere (remote.py) — take
 all of it from here; the generic engine interface (base.py) knows none of it. The
-n-gram ban's defaults are user settings (`engine.ngram`, config.NGramConfig), the
+n-gram ban's defaults are user settings (`engine.ngram`, engine_config.NGramConfig), the
 recipe's values; the processor that applies them lives with the code vLLM loads
 (ocrd/vllm_model/ngram.py).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ocrd.config import NGramConfig
+from ocrd.engine_config import NGramConfig
 from ocrd.engines.base import PageRequest
 
 # Prompts of DeepSeek-OCR-2's published recipe (plain text, no chat template). The

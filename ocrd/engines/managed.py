@@ -32,7 +32,7 @@ from ocrd.config import EngineConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.remote import RemoteEngine, ServerUnreachable, http_request
-from ocrd.engines.vllm import fast_encoder_usable, fixed_head_dim, recipe_kwargs
+from ocrd.engines.vllm_args import fast_encoder_usable, fixed_head_dim, recipe_kwargs
 from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.vllm_model import plugin
 

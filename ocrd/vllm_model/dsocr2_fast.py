@@ -1,5 +1,4 @@
-"""DeepSeek-OCR-2 with a faster vision encoder, for vLLM (imported by vLLM, never by ocrd's
-own code: the plugin names it and vLLM imports it when it builds the model).
+"""DeepSeek-OCR-2 with a faster vision encoder, imported by vLLM when it builds the model.
 
 vLLM's `DeepseekOCR2ForCausalLM` encodes the images of an engine step one page at a
 time: SAM on the 1024 px global view (batch 1), a host sync (`.item()`) to see whether

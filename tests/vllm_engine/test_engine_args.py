@@ -7,7 +7,8 @@ from typing import Any
 
 from ocrd.config import EngineConfig
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR
-from ocrd.engines.vllm import HeadDimGuard, VllmEngine, engine_kwargs
+from ocrd.engines.vllm import VllmEngine
+from ocrd.engines.vllm_args import HeadDimGuard, engine_kwargs
 
 
 class FakeConfig:
