@@ -18,7 +18,7 @@ from .jobs import Jobs
 from .outcomes import Outcomes
 from .pipeline import Converter
 from .schedule import FairSlots, Scheduler
-from .state import State
+from .state import StateFolder
 
 if TYPE_CHECKING:
     from .service import Daemon
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Parts:
     """Everything that works while the daemon runs, made once, in one place."""
 
-    state: State
+    state_folder: StateFolder
     engine: Engine
     slots: FairSlots
     converter: Converter
@@ -39,7 +39,7 @@ class Parts:
     intake: Intake
 
     @classmethod
-    def build(cls, daemon: Daemon, state: State, engine: Engine,
+    def build(cls, daemon: Daemon, state_folder: StateFolder, engine: Engine,
               pools: tuple[pages.RenderPool, pages.RenderPool]) -> Parts:
         cfg = daemon.cfg
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
@@ -52,19 +52,19 @@ class Parts:
         def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first
             parts.submit(item)
 
-        outcomes = Outcomes(state.journal, daemon.metrics, resubmit=submit)
-        jobs = Jobs(cfg, state.journal, converter, outcomes, engine_dead=daemon.engine_dead)
+        outcomes = Outcomes(state_folder.journal, daemon.metrics, resubmit=submit)
+        jobs = Jobs(cfg, state_folder.journal, converter, outcomes, engine_dead=daemon.engine_dead)
         # Beyond max_active_documents, documents start while the engine has room (see
         # schedule.py), at most one per page slot more.
         scheduler = Scheduler(jobs.run, cfg.schedule.max_active_documents,
                               cfg.schedule.batch_window_seconds, room=converter.has_room,
                               room_limit=cfg.schedule.max_active_documents + in_flight)
         converter.on_progress = scheduler.poke
-        inboxes = Inboxes(state.instance, is_kept=outcomes.is_kept)
-        intake = Intake(cfg, inboxes, Claims(state.journal, daemon.metrics), pools[1],
+        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept)
+        intake = Intake(cfg, inboxes, Claims(state_folder.journal, daemon.metrics), pools[1],
                         submit, converter.gate.open, daemon.metrics,
                         daemon.liveness.loop_turned)
-        parts = cls(state, engine, slots, converter, scheduler, outcomes, jobs, inboxes,
+        parts = cls(state_folder, engine, slots, converter, scheduler, outcomes, jobs, inboxes,
                     intake)
         return parts
 

@@ -35,7 +35,7 @@ from .metrics import HealthServer, Metrics
 from .notify import Heartbeat, Liveness, Notifier
 from .parts import Parts
 from .recovery import Recovery, prepare_inbox
-from .state import State, StateError
+from .state import StateError, StateFolder
 from .web import Console, InboxLive, Live, LiveStatus
 
 log = structlog.get_logger("ocrd.service")
@@ -56,7 +56,7 @@ class Daemon:
         self.health: HealthServer | None = None
         self.console: Console | None = None  # the web console (ocrd/web/)
         self.heartbeat: Heartbeat | None = None
-        self.state: State | None = None
+        self.state_folder: StateFolder | None = None
         self.pools: tuple[pages.RenderPool, pages.RenderPool] | None = None
         self.parts: Parts | None = None
         self._stop = asyncio.Event()
@@ -112,7 +112,7 @@ class Daemon:
 
     async def startup(self) -> None:
         cfg = self.cfg
-        self.state = state = State.open(cfg.state_dir)
+        self.state_folder = state_folder = StateFolder.open(cfg.state_dir)
         self._start_health()
         self.console = Console.start(cfg, LiveStatus(asyncio.get_running_loop(), self._live))
         self.notifier.send("STATUS=starting the render workers")
@@ -127,11 +127,11 @@ class Daemon:
         if self.should_exit:
             return
         self.metrics.engine_ready.set(1)
-        self.parts = parts = Parts.build(self, state, self.engine, self.pools)
+        self.parts = parts = Parts.build(self, state_folder, self.engine, self.pools)
         for box in cfg.inboxes:
             await self._prepare(parts.inboxes.add(box))
-        recovery = Recovery(state.journal, parts.inboxes.by_path, parts.outcomes,
-                            state.folder, state.fresh)
+        recovery = Recovery(state_folder.journal, parts.inboxes.by_path, parts.outcomes,
+                            state_folder.path, state_folder.fresh)
         for resume in await recovery.run():
             parts.submit(resume.item, resume.exclusive)
         if self.should_exit:
@@ -154,9 +154,9 @@ class Daemon:
     async def _prepare(self, inbox: Inbox) -> None:
         """A new inbox: its work area marked as this daemon's, and what a crash of this
         daemon left in its destinations swept away (recovery.py)."""
-        assert self.state is not None
+        assert self.state_folder is not None
         self._tasks.append(asyncio.create_task(asyncio.to_thread(
-            prepare_inbox, inbox, self.state.folder), name="prepare-inbox"))
+            prepare_inbox, inbox, self.state_folder.path), name="prepare-inbox"))
 
     async def _start_engine(self) -> None:
         """Load the engine; while it loads (minutes for a real model) keep extending
@@ -222,12 +222,12 @@ class Daemon:
             self.health.stop()
         if self.console is not None:
             self.console.stop()
-        if self.state is not None:
+        if self.state_folder is not None:
             with contextlib.suppress(Exception):
-                left = self.state.journal.counts()
+                left = self.state_folder.journal.counts()
                 log.info("stopped", left_claimed=sum(left.get(s, 0) for s in
                                                      ("claimed", "converting", "finishing")))
-            self.state.journal.close()
+            self.state_folder.journal.close()
 
     async def _drain(self, parts: Parts) -> None:
         """No new claims; pages in flight finish within drain_timeout_seconds (0: stop
@@ -267,7 +267,7 @@ class Daemon:
 
     async def reload(self) -> None:
         parts = self.parts
-        assert parts is not None and self.state is not None
+        assert parts is not None and self.state_folder is not None
         self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             if self.config_path is None:
@@ -306,14 +306,14 @@ class Daemon:
         """The console's view of what only the daemon knows (ocrd/web/live.py); runs on
         this loop, called through LiveStatus from the console's thread."""
         parts, engine, now = self.parts, self.engine, time.monotonic()
-        state = "stopping" if self.should_exit else "ready" if self.ready else "starting"
+        life = "stopping" if self.should_exit else "ready" if self.ready else "starting"
         kind, model = (engine.kind, engine.model) if engine else \
             (self.cfg.engine.kind, self.cfg.engine.model)
         if parts is None:  # the engine is still loading
-            return Live(state, kind, model, False, 0, 0.0, 0, 0, 0, version=__version__)
+            return Live(life, kind, model, False, 0, 0.0, 0, 0, 0, version=__version__)
         return Live(
-            state=state, engine_kind=kind, engine_model=model,
-            engine_ready=state == "ready" and parts.converter.gate.open.is_set(),
+            state=life, engine_kind=kind, engine_model=model,
+            engine_ready=life == "ready" and parts.converter.gate.open.is_set(),
             pages_done=parts.outcomes.done_pages,
             pages_per_second=self.heartbeat.rate(now) if self.heartbeat else 0.0,
             pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,
