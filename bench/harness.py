@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.daemon_process import DaemonProcess as SharedDaemon  # noqa: E402
+from tests.daemon_process import wait_for as shared_wait_for  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 PAGE_DESIGNS = 40  # distinct page contents; page k of a document uses design k % 40
@@ -323,14 +324,8 @@ def event_time(ev: dict) -> float:
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+    """pred()'s first true value, polled every `every` s; TimeoutError after `timeout`."""
+    return shared_wait_for(pred, timeout, what, every, error=TimeoutError)
 
 
 def markdown_files(folder: Path) -> list[os.DirEntry]:

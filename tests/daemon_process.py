@@ -29,15 +29,16 @@ from typing import Any
 import yaml
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    """pred()'s first true value, polled every `every` s; AssertionError after `timeout`."""
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1,
+             error: type[Exception] = AssertionError) -> Any:
+    """pred()'s first true value, polled every `every` s; `error` after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise error(f"timed out after {timeout} s waiting for {what}")
         time.sleep(every)
 
 
