@@ -111,8 +111,12 @@ class EngineConfig(_Strict):
     api_key: str | None = None
     api_key_file: Path | None = None
     api_key_credential: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
-    # remote: pages in flight per server
+    # remote: pages each server decodes at once (its batch: `vllm serve --max-num-seqs`)
     concurrency_per_url: int = Field(default=32, ge=1)
+    # remote: pages sent to each server beyond its batch, to wait in its queue, so that a
+    # place freed in the batch is refilled at the server's next step, not a round trip
+    # later (issue 14.7); 0 for a server that refuses more than its batch
+    queue_per_url: int = Field(default=2, ge=0)
     request_timeout_seconds: float = Field(default=600.0, gt=0)
     max_tokens: int = Field(default=8192, ge=1)
     # a page whose output ends for length/repetition is retried this many extra times
