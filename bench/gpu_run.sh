@@ -30,7 +30,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 DI="$W/site/ocrd_vllm_plugin-0.dist-info"
 mkdir -p "$DI"
 printf 'Metadata-Version: 2.1\nName: ocrd-vllm-plugin\nVersion: 0\n' > "$DI/METADATA"
-printf '[vllm.general_plugins]\nocrd_fast_encoder = ocrd.engines.vllm_plugin:register\n' \
+printf '[vllm.general_plugins]\nocrd_fast_encoder = ocrd.vllm_model.plugin:register\n' \
   > "$DI/entry_points.txt"
 export PYTHONPATH="$W/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1

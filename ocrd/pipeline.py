@@ -206,9 +206,9 @@ class Converter:
             return await self.pool.call(
                 fn, src.path, info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
 
-        # Grounding output is cropped for figures afterwards, so its engine's pages keep
-        # their image; other pages are held here only until the engine takes them.
-        keep_image = self.engine.output_format == "grounding"
+        # An engine whose output has figures has them cropped from the page afterwards,
+        # so its pages keep their image; others are held only until the engine takes them.
+        keep_image = self.engine.keeps_page_image
 
         async def one(i: int) -> None:
             # Counted here, not where the loop below takes the look-ahead token: a task
@@ -311,15 +311,11 @@ class Converter:
                            rendered: pages.RenderedPage, render_s: float, staging: Staging,
                            assets_link: str) -> dict:
         figures: list[str] = []
-        malformed = False
-        if self.engine.output_format == "grounding":
-            pm = markdown.grounding_to_markdown(out.text, image, i + 1, assets_link)
-            md, malformed = pm.markdown, pm.malformed
-            for fig in pm.figures:
-                await asyncio.to_thread(staging.add, fig.name, _png(fig.image))
-                figures.append(fig.name)
-        else:
-            md = markdown.text_to_markdown(out.text)
+        pm = self.engine.page_markdown(out.text, image, i + 1, assets_link)
+        md, malformed = pm.markdown, pm.malformed
+        for fig in pm.figures:
+            await asyncio.to_thread(staging.add, fig.name, _png(fig.image))
+            figures.append(fig.name)
         status = "ok"
         if out.degraded:
             status = "degraded"
@@ -364,7 +360,7 @@ class Converter:
             "source": records.source(src.name, src.inbox, os.fstat(src.fd).st_size,
                                      src.sha256, info),
             "engine": self.engine.describe(),
-            "prompt": src.prompt_mode if self.engine.output_format == "grounding" else None,
+            "prompt": src.prompt_mode if self.engine.follows_prompt else None,
             "page_count": info.pages,
             "status": "degraded" if degraded else "ok",
             "degraded_pages": degraded,

@@ -70,8 +70,9 @@ def is_network_fs(kind: str) -> bool:
     return kind in NETWORK_FS or kind.startswith("fuse")
 
 
-def watch_mode(inbox: InboxConfig) -> str:
-    """The watch mode an inbox gets: polling on network filesystems under `auto`."""
+def watch_method(inbox: InboxConfig) -> str:
+    """How an inbox is watched (inotify or polling): polling on network filesystems under
+    `auto`."""
     if inbox.watch != "auto":
         return inbox.watch
     return "polling" if is_network_fs(fs_type(inbox.path)) else "inotify"

@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines import _loops, remote
+from ocrd.engines import _loops, deepseek_ocr2, remote
 from ocrd.engines.base import PageRequest
 from ocrd.engines.remote import RemoteEngine, RemoteRequestError, chat_text
 from ocrd.errors import EngineUnavailable
@@ -476,10 +476,10 @@ def test_trim_loop_cuts_repeated_tails_only() -> None:
 
 
 def test_retry_settings_tighten() -> None:
-    from ocrd.config import NGramConfig
+    from ocrd.engine_config import NGramConfig
 
     ngram = NGramConfig()
-    settings = [_loops.attempt_settings(ngram, n) for n in (1, 2, 3, 4, 5)]
+    settings = [deepseek_ocr2.attempt_settings(ngram, n) for n in (1, 2, 3, 4, 5)]
     assert [(s.ngram_size, s.window_size) for s in settings] == [
         (30, 90), (15, 180), (7, 360), (4, 720), (4, 1024)]
     assert not settings[0].repetition_detection

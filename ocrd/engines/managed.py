@@ -29,11 +29,12 @@ from typing import Any
 import structlog
 
 from ocrd.config import EngineConfig
-from ocrd.engines import vllm_plugin
+from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.remote import RemoteEngine
-from ocrd.engines.vllm import fast_encoder_usable, fixed_head_dim, recipe_kwargs
+from ocrd.engines.vllm_args import fast_encoder_usable, fixed_head_dim, recipe_kwargs
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.vllm_model import plugin
 
 log = structlog.get_logger(__name__)
 
@@ -208,7 +209,7 @@ class ManagedServerEngine(Engine):
     """DeepSeek-OCR-2 on a `vllm serve --api-server-count N` that this engine owns."""
 
     kind = "vllm"
-    output_format = "grounding"
+    output_format = deepseek_ocr2.OUTPUT_FORMAT
 
     def __init__(self, cfg: EngineConfig, *, api_servers: int | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -267,7 +268,7 @@ class ManagedServerEngine(Engine):
         # The server sets up vLLM's logging itself (ocrd's own process turns that off to
         # route vLLM through its handler): its lines reach ocrd's log as vllm_server.
         env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1",
-               **vllm_plugin.environment(self.cfg.vllm.fast_encoder,
+               **plugin.environment(self.cfg.vllm.fast_encoder,
                                          self.cfg.vllm.batch_encoder),
                **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         t0 = time.monotonic()
@@ -327,7 +328,7 @@ class ManagedServerEngine(Engine):
             if text:
                 self._tail.append(text)
                 log.info("vllm_server", pid=proc.pid, line=text)
-                if vllm_plugin.LOADED_MARK in text:
+                if plugin.LOADED_MARK in text:
                     self.fast_encoder_loaded = True
                     log.info("vllm_fast_encoder_active", pid=proc.pid,
                              batched="pages batched" in text)

@@ -23,8 +23,10 @@ import structlog
 from PIL import Image
 
 from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
+from ocrd.engines import deepseek_ocr2
+from ocrd.engines._loops import Attempt, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import AttemptSettings
 from ocrd.engines.http import Answer, Client, ServerUnreachable
 from ocrd.errors import EngineUnavailable
 
@@ -99,7 +101,7 @@ class RemoteEngine(Engine):
     """Pages sent to OpenAI-compatible `vllm serve` servers running DeepSeek-OCR-2."""
 
     kind = "remote"
-    output_format = "grounding"
+    output_format = deepseek_ocr2.OUTPUT_FORMAT
 
     def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True) -> None:
         """`use_proxy=False`: connect directly, whatever HTTP(S)_PROXY says (for a
@@ -202,12 +204,10 @@ class RemoteEngine(Engine):
             "model": self.model,
             "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": image_url}},
-                {"type": "text", "text": chat_text(page.prompt)},
+                {"type": "text", "text": chat_text(deepseek_ocr2.prompt(page))},
             ]}],
-            "temperature": 0.0,
+            **deepseek_ocr2.SAMPLING,
             "max_tokens": self.cfg.max_tokens,
-            # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
-            "skip_special_tokens": False,
             # per-request arguments of the server's NGramPerReqLogitsProcessor
             "vllm_xargs": settings.extra_args(),
         }
