@@ -62,7 +62,7 @@ def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.tiny:  # the CPU build: no devices to choose, and two cores
         v["gpus"] = []
         v["data_parallel_size"] = 1
-        v["api_servers"] = 1
+        v["api_servers"] = args.api_servers  # >= 2: the managed mode with one server too
     return e
 
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default="", help="comma-separated rows (default: all for --gpus)")
     p.add_argument("--pages", type=int, default=0, help="pages per row (1,024; tiny 8)")
     p.add_argument("--per-file", type=int, default=0, help="pages per PDF (8; tiny 4)")
-    p.add_argument("--api-servers", type=int, default=0, help="per GPU (8; tiny 1)")
+    p.add_argument("--api-servers", type=int, default=0, help="per GPU (8; tiny 2)")
     p.add_argument("--servers-per-gpu", type=int, default=1, help="for 2gpu_per_gpu")
     p.add_argument("--max-num-seqs", type=int, default=None, help="per server (256)")
     p.add_argument("--warm-pages", type=int, default=0, help="warm-up pages (256; tiny 4)")
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     tiny = args.tiny
     args.pages = args.pages or (8 if tiny else 1024)
     args.per_file = args.per_file or (4 if tiny else 8)
-    args.api_servers = args.api_servers or (1 if tiny else 8)
+    args.api_servers = args.api_servers or (2 if tiny else 8)
     args.warm_pages = args.warm_pages or (4 if tiny else 256)
     args.out.mkdir(parents=True, exist_ok=True)
     args.model = args.model or args.work / ("tiny-model" if tiny else "model")

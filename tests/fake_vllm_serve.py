@@ -66,7 +66,8 @@ async def main() -> None:
             "argv": sys.argv[1:], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "children": [c.pid for c in children], "pgid": os.getpgid(0)}))
     await asyncio.sleep(float(os.environ.get("FAKE_VLLM_START_SECONDS", "0.5")))
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE"):
+    exit_on = os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE")
+    if exit_on is not None and os.environ.get("CUDA_VISIBLE_DEVICES") == exit_on:
         print("ERROR fake vllm serve: no usable GPU", flush=True)
         sys.exit(3)
     server = FakeServe(latency=float(os.environ.get("FAKE_VLLM_LATENCY", "0.2")),

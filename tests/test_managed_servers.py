@@ -247,3 +247,31 @@ def test_start_is_ready_only_when_every_server_is(fake_env: dict[str, str], mode
     assert not any(group_alive(pgid) for pgid in engine.pgids)
     children = [pid for rec in recorded(tmp_path / "servers") for pid in rec["children"]]
     assert children and alive(children) == []
+
+
+def test_a_server_whose_children_outlive_it_is_noticed_and_cleared(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """Only the server's main process dies; its front ends and engine core live on,
+    ignore SIGTERM and hold its output pipe (asyncio's wait() waits for that pipe's end):
+    the supervisor sees the death by the exit status, ends the leftovers (SIGKILL) and
+    starts the server again, which then converts."""
+    cfg = engine_config(model, api_servers=2)
+
+    async def run() -> tuple[ManagedServerEngine, list[int], list[PageOutput]]:
+        engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE)
+        await engine.start()
+        try:
+            [server] = engine.servers
+            [rec] = recorded(tmp_path / "servers")
+            os.kill(server.proc.pid, signal.SIGKILL)  # the main process alone
+            while server.restarts < 1 or not server.up:
+                await asyncio.sleep(0.05)
+            pages = await asyncio.gather(*(convert_waiting(engine, page(i)) for i in range(4)))
+        finally:
+            await engine.close()
+        return engine, rec["children"], pages
+
+    engine, first_children, pages = asyncio.run(asyncio.wait_for(run(), 60))
+    assert engine.restarts == 1 and all(p.text for p in pages)
+    assert alive(first_children) == []
+    assert not any(group_alive(pgid) for pgid in engine.pgids)
