@@ -291,15 +291,16 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # killpg also succeeds for zombies, which hold no memory and no GPU: look closer
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                return True
     return False
