@@ -45,12 +45,26 @@ class VllmConfig(_Strict):
     max_num_batched_tokens: int = Field(default=16384, ge=0)
     tensor_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
-    # Front-end processes that prepare page images (one prepares ~5 A4 pages/s). 1: the
-    # engine runs inside ocrd. N > 1: ocrd starts and supervises a local
-    # `vllm serve --api-server-count N` and feeds it over HTTP (ocrd/engines/managed.py).
+    # Front-end processes that prepare page images (one prepares ~5 A4 pages/s), per GPU.
+    # 1: the engine runs inside ocrd (unless servers_per_gpu or gpus ask for the managed
+    # mode). N > 1: ocrd starts and supervises local `vllm serve --api-server-count N`
+    # processes and feeds them over HTTP (ocrd/engines/managed.py).
     api_servers: int = Field(default=1, ge=1)
-    # api_servers > 1: the local server's port on 127.0.0.1; 0 = a free port.
+    # A managed server's port on 127.0.0.1 (several servers: this and the next ones);
+    # 0 = free ports.
     server_port: int = Field(default=0, ge=0, le=65535)
+    # Managed servers on each GPU (or group of tensor_parallel_size × data_parallel_size
+    # GPUs): one engine core each, gpu_memory_utilization and api_servers split among
+    # them (api_servers // servers_per_gpu each, at least 1); ocrd balances pages across
+    # them. One engine core cannot keep an H200 busy
+    # (issue 22: 2 servers made x1.51 in the middle of a run, GPU 94 % busy; 3 no more).
+    # > 1 starts the managed mode even with api_servers 1.
+    servers_per_gpu: int = Field(default=1, ge=1, le=16)
+    # Managed mode on these CUDA devices (ids as nvidia-smi numbers them): one group of
+    # servers per tensor_parallel_size × data_parallel_size devices, each server started
+    # with CUDA_VISIBLE_DEVICES set to its group. []: the devices ocrd's environment
+    # shows, one group. Any devices named start the managed mode.
+    gpus: list[int] = Field(default_factory=list)
     # ocrd's DeepSeek-OCR-2 vision encoder path (on vLLM <= 0.24 with a vectorised
     # attention mask; one host sync per step): 151 -> 60 ms of engine time per page on an
     # H200 page by page, 36 ms batched (ocrd/vllm_model/dsocr2_fast.py, bench/GPU_RESULTS.md).
@@ -63,8 +77,33 @@ class VllmConfig(_Strict):
     # (the same embeddings as vLLM's own code, to the bit).
     batch_encoder: bool | None = None
     # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
-    # with api_servers > 1 they become `vllm serve` flags (enforce_eager → --enforce-eager).
+    # in the managed mode they become `vllm serve` flags (enforce_eager → --enforce-eager).
     engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _gpu_groups(self) -> VllmConfig:
+        per = self.tensor_parallel_size * self.data_parallel_size
+        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
+            raise ValueError(f"gpus {self.gpus}: each device once, numbers >= 0")
+        if self.gpus and len(self.gpus) % per:
+            raise ValueError(f"gpus {self.gpus}: {len(self.gpus)} devices do not split into "
+                             f"groups of tensor_parallel_size × data_parallel_size = {per}")
+        if self.server_port and self.server_port + self.server_count - 1 > 65535:
+            raise ValueError(f"server_port {self.server_port}: the {self.server_count} "
+                             "managed servers' ports would pass 65535")
+        return self
+
+    @property
+    def server_count(self) -> int:
+        """Managed `vllm serve` processes: servers_per_gpu per group of GPUs."""
+        per = self.tensor_parallel_size * self.data_parallel_size
+        return max(1, len(self.gpus) // per) * self.servers_per_gpu
+
+    @property
+    def managed(self) -> bool:
+        """ocrd starts and supervises local `vllm serve` processes (ocrd/engines/managed.py)
+        instead of running the engine inside its own process."""
+        return self.api_servers > 1 or self.servers_per_gpu > 1 or bool(self.gpus)
 
 
 class SimulatedConfig(_Strict):

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, markdown, names, outbox, pages, pdfout, records, safefs
+from . import __version__, errors, names, outbox, pages, pdfout, records, safefs
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
