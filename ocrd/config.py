@@ -252,7 +252,12 @@ class EngineConfig(_Strict):
 
 
 class RenderConfig(_Strict):
-    dpi: int = Field(default=144, ge=36, le=600)
+    # born-digital pages; None = the engine's choice (tesseract 300, DeepSeek-OCR-2 144)
+    dpi: int | None = Field(default=None, ge=36, le=1200)
+    # a scanned page (one image covering it) renders at its image's own resolution,
+    # within these; None = the engine's choice (tesseract 200-600, DeepSeek-OCR-2 144-200)
+    scan_min_dpi: int | None = Field(default=None, ge=36, le=2400)
+    scan_max_dpi: int | None = Field(default=None, ge=36, le=2400)
     renderer: Literal["pypdfium2", "pdf2image"] = "pypdfium2"
     # render worker processes; 0 = one per CPU core
     workers: int = Field(default=0, ge=0)

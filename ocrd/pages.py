@@ -24,6 +24,7 @@ from typing import Any, Literal
 from PIL import Image, ImageOps
 
 from . import errors, safefs
+from .resolution import Resolution, scan_dpi
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.
 IMAGE_FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "WEBP", "BMP", "GIF", "PPM", "JPEG2000"}
@@ -452,21 +453,23 @@ def forget(path: str) -> None:
         _open_pdf.pop(key).close()
 
 
-def render_page(path: str, info: DocInfo, index: int, dpi: int, max_pixels: int,
-                renderer: str | None = None) -> RenderedPage:
-    """Render page `index` (0-based) as RGB at `dpi`, lowered for oversized pages so the
-    image stays within `max_pixels`."""
+def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
+                max_pixels: int, renderer: str | None = None) -> RenderedPage:
+    """Render page `index` (0-based) as RGB at `dpi` (with a `Resolution`, a scanned page
+    at about its image's own resolution), lowered for oversized pages so the image stays
+    within `max_pixels`."""
     renderer = renderer or info.renderer
     if info.kind == "image":
         return _render_image(path, index, max_pixels)
+    res = dpi if isinstance(dpi, Resolution) else Resolution(dpi, dpi, dpi)
     if renderer == "pypdfium2":
         try:
-            return _render_pdfium(path, index, dpi, max_pixels)
+            return _render_pdfium(path, index, res, max_pixels)
         except errors.Encrypted:
             raise
         except errors.OcrdError:
-            return _render_poppler(path, index, dpi, max_pixels)
-    return _render_poppler(path, index, dpi, max_pixels)
+            return _render_poppler(path, index, res.dpi, max_pixels)
+    return _render_poppler(path, index, res.dpi, max_pixels)
 
 
 def _fit_dpi(width_pt: float, height_pt: float, dpi: float, max_pixels: int) -> float:
@@ -476,13 +479,15 @@ def _fit_dpi(width_pt: float, height_pt: float, dpi: float, max_pixels: int) -> 
     return dpi * (max_pixels / px) ** 0.5 * 0.999
 
 
-def _render_pdfium(path: str, index: int, dpi: float, max_pixels: int) -> RenderedPage:
+def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> RenderedPage:
     import pypdfium2 as pdfium
 
     doc = _pdfium_doc(path)
     try:
         page = doc[index]
         w, h = page.get_size()
+        dpi = res.dpi if res.scan_min_dpi == res.scan_max_dpi == res.dpi \
+            else res.for_scan(scan_dpi(page))
         dpi = _fit_dpi(w, h, dpi, max_pixels)
         maker = {"bitmap_maker": _scratch_bitmap} if _shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,

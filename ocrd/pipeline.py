@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, markdown, names, outbox, pages, records, safefs
+from . import __version__, errors, markdown, names, outbox, pages, records, resolution, safefs
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -123,6 +123,7 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
+        self.resolution = resolution.choose(cfg.render, engine)
         # Pages on their way to the engine (rendering or waiting for a slot), plus one
         # for each document still preparing (hash, folders) that will render soon.
         self.pending = 0
@@ -139,7 +140,7 @@ class Converter:
 
     async def probe(self, path: str) -> pages.DocInfo:
         lim = self.cfg.limits
-        return await self.pool.call(pages.probe, path, self.cfg.render.dpi,
+        return await self.pool.call(pages.probe, path, self.resolution.dpi,
                                     lim.max_pages, lim.max_file_bytes, lim.max_pixels)
 
     async def convert(self, src: Source, out_dir: safefs.Dir, perms: outbox.Perms) -> Written:
@@ -194,7 +195,7 @@ class Converter:
             fn = render_with_preview if first and self.previews is not None \
                 else pages.render_page
             return await self.pool.call(
-                fn, src.path, info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
+                fn, src.path, info, i, self.resolution, self.cfg.limits.max_pixels)
 
         # Grounding output is cropped for figures afterwards, so its engine's pages keep
         # their image; other pages are held here only until the engine takes them.
@@ -226,7 +227,7 @@ class Converter:
                     req = PageRequest(image=page.to_image(), page_no=i + 1,
                                       doc_id=src.sha256 or src.name,
                                       prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
-                                      custom_prompt=src.custom_prompt)
+                                      custom_prompt=src.custom_prompt, dpi=page.dpi)
                     if keep_image:
                         kept[:] = [req.image]
                     return req

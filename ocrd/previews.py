@@ -26,6 +26,7 @@ import structlog
 from PIL import Image
 
 from .pages import DocInfo, RenderedPage, pixels, render_page
+from .resolution import Resolution
 
 log = structlog.get_logger("ocrd.previews")
 
@@ -69,7 +70,7 @@ def encode(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def render_with_preview(path: str, info: DocInfo, index: int, dpi: int,
+def render_with_preview(path: str, info: DocInfo, index: int, dpi: float | Resolution,
                         max_pixels: int) -> RenderedPage:
     """pages.render_page, plus the page's preview — run in a render worker, so that the
     preview costs worker time beside rendering, never the daemon's loop or its GIL."""

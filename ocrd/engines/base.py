@@ -32,6 +32,7 @@ class PageRequest:
     doc_id: str  # stable per document; engines use it to name requests
     prompt_mode: PromptMode = "markdown"
     custom_prompt: str | None = None  # used when prompt_mode == "custom"
+    dpi: float = 0.0  # the page's render resolution; 0 = not known (an image file)
 
     @property
     def prompt(self) -> str:
@@ -69,6 +70,11 @@ class Engine(abc.ABC):
     output_format: Literal["grounding", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
+    # The resolution it reads best (ocrd/resolution.py): born-digital pages at
+    # render_dpi, scans at their own resolution within scan_dpi. DeepSeek-OCR-2 resizes
+    # pages to 1024/768 px, and its recipe renders at 144 dpi.
+    render_dpi: int = 144
+    scan_dpi: tuple[int, int] = (144, 200)
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load models, connect, check the installation. May take minutes."""
