@@ -426,7 +426,9 @@ def parse_config(data: Any, base: Path) -> Config:
     return cfg.resolve(base)
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
+    """The config in the file at `path`; `defaults` fill keys the file leaves out (for
+    commands that do not need them, such as `state_dir` for `ocrd convert`)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -438,4 +440,6 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if defaults and isinstance(data, dict):
+        data = {**defaults, **data}
     return parse_config(data, p.resolve().parent)

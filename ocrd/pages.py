@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from PIL import Image, ImageOps
 
-from . import errors, safefs
+from . import errors, pdffaults, safefs
 from .resolution import Resolution, scan_dpi
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.
@@ -357,14 +357,7 @@ def _poppler_count(path: str) -> int:
 
 
 def _pdf_error(text: str) -> errors.OcrdError:
-    low = text.lower()
-    if "password" in low:
-        return errors.Encrypted(
-            "the PDF is encrypted with a password; remove it first, e.g. "
-            "`qpdf --decrypt --password=PASSWORD in.pdf out.pdf`")
-    if "trailer" in low or "format" in low or "syntax" in low or "xref" in low:
-        return errors.Truncated(f"the PDF is damaged or truncated ({text.strip()})")
-    return errors.Unreadable(f"the PDF cannot be read ({text.strip()})")
+    return pdffaults.pdf_error(text)
 
 
 def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
@@ -492,6 +485,7 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
         maker = {"bitmap_maker": _scratch_bitmap} if _shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
                              **maker)
+        pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium")
         if bitmap.mode != "RGB":
             img = bitmap.to_pil()
             page.close()
@@ -529,6 +523,7 @@ def _render_poppler(path: str, index: int, dpi: float, max_pixels: int) -> Rende
     if not imgs:
         raise errors.RenderFailed(f"page {index + 1} rendered to nothing")
     img = imgs[0]
+    pdffaults.check_page_size(img.width, img.height, index, "poppler")
     if img.width * img.height > max_pixels:
         scale = (max_pixels / (img.width * img.height)) ** 0.5
         img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
