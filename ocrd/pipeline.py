@@ -329,6 +329,7 @@ class Converter:
             "width": rendered.width,
             "height": rendered.height,
             "dpi": round(rendered.dpi, 2) if rendered.dpi else None,
+            "rotation": out.rotation,
             "render_seconds": round(render_s, 4),
             "engine_seconds": round(out.seconds, 4),
             "started_at": out.started_at,

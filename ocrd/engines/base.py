@@ -27,7 +27,7 @@ PROMPTS: dict[str, str] = {
 class PageRequest:
     """One rendered page on its way to the engine."""
 
-    image: Image.Image  # RGB
+    image: Image.Image  # RGB, or L / 1 for pages rendered in their own mode
     page_no: int  # 1-based
     doc_id: str  # stable per document; engines use it to name requests
     prompt_mode: PromptMode = "markdown"
@@ -57,6 +57,9 @@ class PageOutput:
     # timestamps (time.time()) when the engine started and finished this page
     started_at: float = 0.0
     finished_at: float = 0.0
+    # degrees (clockwise) the page was turned before it was read; None = the
+    # engine does not detect orientation
+    rotation: int | None = None
     extra: dict = field(default_factory=dict)
 
 

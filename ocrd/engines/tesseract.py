@@ -17,10 +17,11 @@ import shutil
 import time
 
 import structlog
+from PIL import Image
 
 from ..config import EngineConfig
 from ..errors import EngineDead
-from ..pages import RenderedPage
+from . import orientation
 from .base import Engine, PageOutput, PageRequest
 
 log = structlog.get_logger("ocrd.engine.tesseract")
@@ -41,6 +42,7 @@ class TesseractEngine(Engine):
         self.binary = shutil.which("tesseract")
         self.version = "?"
         self.model = f"tesseract:{self.cfg.lang}"
+        self.orientation = self.cfg.orientation
 
     async def start(self) -> None:
         if self.binary is None:
@@ -57,6 +59,10 @@ class TesseractEngine(Engine):
             stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()
         have = set(out.decode(errors="replace").split())
+        if self.orientation and "osd" not in have:
+            self.orientation = False
+            log.warning("orientation_off", why="tesseract has no 'osd' language data "
+                        "(apt-get install tesseract-ocr-osd): pages are read as they lie")
         missing = [lang for lang in self.cfg.lang.split("+") if lang not in have]
         if missing:
             raise EngineDead(f"tesseract has no language data for {'+'.join(missing)} "
@@ -65,29 +71,35 @@ class TesseractEngine(Engine):
                  lang=self.cfg.lang, workers=self.max_concurrency)
 
     async def ocr(self, page: PageRequest) -> PageOutput:
-        ppm = RenderedPage(page.page_no - 1, page.image.width, page.image.height,
-                           page.image.convert("RGB").tobytes(), 0).to_ppm()
+        image = page.image
         async with self._slots:
             started = time.time()
-            text = await self._run(ppm, page.dpi)
+            rotation = None
+            if self.orientation:
+                rotation = await orientation.detect(self._tesseract, image, page.dpi,
+                                                    self.cfg.orientation_confidence)
+                image = orientation.turn(image, rotation)
+            args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
+            if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
+                args += ["--dpi", str(round(page.dpi))]
+            out = await self._tesseract(pnm(image), args)
+        text = _clean(out.decode("utf-8", errors="replace"))
         finished = time.time()
         return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
                           seconds=finished - started, started_at=started,
-                          finished_at=finished)
+                          finished_at=finished, rotation=rotation)
 
-    async def _run(self, ppm: bytes, dpi: float) -> str:
+    async def _tesseract(self, image: bytes, args: list[str]) -> bytes:
+        """Run tesseract on one PNM image from stdin; its stdout."""
         assert self.binary is not None
-        args = [self.binary, "stdin", "stdout", "-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
-        if dpi >= 70:  # PPM carries no resolution; tesseract would guess (70 dpi)
-            args += ["--dpi", str(round(dpi))]
         # OMP threads inside tesseract fight with our own parallelism: one per process.
         env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env)
+            self.binary, "stdin", "stdout", *args, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
         try:
             async with asyncio.timeout(self.cfg.timeout_seconds):
-                out, err = await proc.communicate(ppm)
+                out, err = await proc.communicate(image)
         except (TimeoutError, asyncio.CancelledError):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -97,11 +109,22 @@ class TesseractEngine(Engine):
             msg = err.decode(errors="replace").strip().splitlines()
             raise RuntimeError(f"tesseract exited with {proc.returncode}: "
                                f"{msg[-1] if msg else ''}")
-        return _clean(out.decode("utf-8", errors="replace"))
+        return out
 
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
-                "lang": self.cfg.lang, "psm": self.cfg.psm}
+                "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
+
+
+def pnm(image: Image.Image) -> bytes:
+    """The page as binary PNM, what tesseract reads from stdin without any decoding
+    cost: PBM for 1-bit pages, PGM for grey, PPM for colour (kept in its own mode)."""
+    if image.mode == "1":  # PBM's 1 is black, Pillow's is white: "1;I" inverts
+        return b"P4\n%d %d\n" % image.size + image.tobytes("raw", "1;I")
+    if image.mode != "L" and image.mode != "RGB":
+        image = image.convert("RGB")
+    magic = b"P5" if image.mode == "L" else b"P6"
+    return magic + b"\n%d %d\n255\n" % image.size + image.tobytes()
 
 
 def _clean(text: str) -> str:

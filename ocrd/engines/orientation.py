@@ -1,0 +1,67 @@
+"""Which way up a page is, by tesseract's orientation and script detection (`--psm 0`,
+the `osd` language data): an upside-down or sideways page read as it is gives hundreds
+of garbage words marked `ok`. The page is turned before it is read, and the turn is
+recorded per page in the sidecar (`rotation`).
+
+OSD looks at character shapes, not at their size: it runs on a copy reduced to at most
+OSD_LONG_SIDE pixels, which costs a fraction of reading the page.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+
+from PIL import Image
+
+# px: the copy's long side stays at least this (an A4 page at ~140 dpi or more; at 100
+# dpi OSD misjudged sideways pages)
+OSD_LONG_SIDE = 1600
+_ROTATE = re.compile(rb"^Rotate:\s*(\d+)", re.MULTILINE)
+_CONFIDENCE = re.compile(rb"^Orientation confidence:\s*([\d.]+)", re.MULTILINE)
+# OSD's "Rotate: N" is the clockwise turn that makes the page upright; Pillow's
+# transpositions turn counter-clockwise
+_TURN = {90: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180,
+         270: Image.Transpose.ROTATE_90}
+
+# Runs tesseract on a PNM image with extra arguments; returns stdout, raises on failure.
+Runner = Callable[[bytes, list[str]], Awaitable[bytes]]
+
+
+def osd_input(image: Image.Image, dpi: float) -> tuple[bytes, float]:
+    """The page as a small greyscale PGM for OSD, and the dpi it then has."""
+    grey = image if image.mode in ("L", "1") else image.convert("L")
+    factor = max(1, max(grey.size) // OSD_LONG_SIDE)
+    if factor > 1:
+        grey = (grey.convert("L") if grey.mode == "1" else grey).reduce(factor)
+    grey = grey.convert("L") if grey.mode != "L" else grey
+    header = b"P5\n%d %d\n255\n" % grey.size
+    return header + grey.tobytes(), dpi / factor
+
+
+def parse(out: bytes, min_confidence: float) -> int:
+    """OSD's correction (0, 90, 180, 270), or 0 when it is not confident enough."""
+    rotate, confidence = _ROTATE.search(out), _CONFIDENCE.search(out)
+    if rotate is None or confidence is None:
+        return 0
+    angle = int(rotate.group(1)) % 360
+    if angle not in _TURN or float(confidence.group(1)) < min_confidence:
+        return 0
+    return angle
+
+
+async def detect(run: Runner, image: Image.Image, dpi: float, min_confidence: float) -> int:
+    """How many degrees clockwise to turn the page so that it reads upright. A
+    page OSD cannot judge (too little text: tesseract then exits non-zero) stays as it
+    is."""
+    data, small_dpi = osd_input(image, dpi or 300)
+    args = ["--psm", "0", "-l", "osd", "--dpi", str(max(70, round(small_dpi)))]
+    try:
+        out = await run(data, args)
+    except RuntimeError:
+        return 0
+    return parse(out, min_confidence)
+
+
+def turn(image: Image.Image, angle: int) -> Image.Image:
+    return image.transpose(_TURN[angle]) if angle in _TURN else image
