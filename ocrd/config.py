@@ -274,6 +274,9 @@ class LimitsConfig(_Strict):
     max_file_bytes: int = Field(default=2 * 1024**3, ge=1)
     # per page image, after rendering; guards against decompression bombs
     max_pixels: int = Field(default=200_000_000, ge=1)
+    # page images in flight, all files together (ocrd/budget.py); a page that would cost
+    # more is rendered at a lower dpi
+    memory_bytes: int = Field(default=1024**3, ge=64 * 1024**2)
 
 
 class ScheduleConfig(_Strict):

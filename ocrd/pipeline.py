@@ -23,7 +23,8 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, markdown, names, outbox, pages, records, resolution, safefs
+from . import __version__, budget, errors, markdown, names, outbox, pages, records, safefs
+from . import resolution as resolutions
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -123,7 +124,9 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
-        self.resolution = resolution.choose(cfg.render, engine)
+        self.resolution = resolutions.choose(cfg.render, engine, cfg.limits.memory_bytes)
+        # page images in flight, all documents together (ocrd/budget.py)
+        self.memory = budget.MemoryBudget(cfg.limits.memory_bytes)
         # Pages on their way to the engine (rendering or waiting for a slot), plus one
         # for each document still preparing (hash, folders) that will render soon.
         self.pending = 0
@@ -201,20 +204,29 @@ class Converter:
         # their image; other pages are held here only until the engine takes them.
         keep_image = self.engine.output_format == "grounding"
 
+        # what the next page is likely to cost (the memory budget): an A4 page at first,
+        # then what this document's last page cost
+        guess = [self.resolution.cost(self.engine.page_mode, self.resolution.a4_pixels())]
+
         async def one(i: int) -> None:
             # Counted here, not where the loop below takes the look-ahead token: a task
             # cancelled before it starts never runs its finally.
             self.pending += 1
             held = True
+            memory = budget.Reservation(self.memory)
             try:
+                await memory.reserve(guess[0])
                 t = time.time()
                 rendered = await render(i, first=True)
                 render_s = time.time() - t
+                guess[0] = self.resolution.cost(rendered.mode, rendered.width * rendered.height)
+                await memory.settle(guess[0])
                 if self.previews is not None:
                     self.previews.page(src.sha256, i + 1, rendered)  # queued, not waited for
                 size = replace(rendered, data=b"")  # what the sidecar needs
-                # A page waits for its slot as packed RGB (a Pillow RGB image takes a
-                # third more) and becomes an image when handed to the engine. The
+                # A page waits for its slot packed (RGB; grey or 1-bit for an engine
+                # that reads those: a Pillow RGB image takes a third more) and becomes
+                # an image when handed to an engine that wants one. The
                 # pipeline then keeps no reference while the engine works (a GPU engine
                 # keeps tensors, not pixels; a retry renders the page again), so pages
                 # in the engine cost the pipeline no memory.
@@ -224,7 +236,9 @@ class Converter:
 
                 async def request() -> PageRequest:
                     page = waiting.pop() if waiting else await render(i)
-                    req = PageRequest(image=page.to_image(), page_no=i + 1,
+                    own_mode = self.engine.page_mode != "RGB"
+                    req = PageRequest(image=None if own_mode else page.to_image(),
+                                      rendered=page if own_mode else None, page_no=i + 1,
                                       doc_id=src.sha256 or src.name,
                                       prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
                                       custom_prompt=src.custom_prompt, dpi=page.dpi)
@@ -249,6 +263,7 @@ class Converter:
                 blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
                            tokens=out.tokens, finish=out.finish_reason)
             finally:
+                memory.release()
                 if held:
                     moved_on()
 

@@ -76,7 +76,9 @@ def render_with_preview(path: str, info: DocInfo, index: int, dpi: float | Resol
     preview costs worker time beside rendering, never the daemon's loop or its GIL."""
     page = render_page(path, info, index, dpi, max_pixels)
     try:
-        image = Image.frombytes("RGB", (page.width, page.height), pixels(page))
+        image = page.to_image(pixels(page))
+        if page.mode == "1":  # a 1-bit scan: its preview is small anyway
+            image = image.convert("L")
         return replace(page, preview=encode(image))
     except (OSError, ValueError, MemoryError) as e:
         log.warning("preview_failed", page=index + 1, error=str(e))

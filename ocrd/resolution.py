@@ -32,6 +32,34 @@ class Resolution:
     dpi: float
     scan_min_dpi: float
     scan_max_dpi: float
+    # the engine reads grey: pages render grey, and 1-bit scans stay 1-bit (modes.py)
+    grey: bool = False
+    # the memory budget (limits.memory_bytes; 0 = none): no page may cost more, at what
+    # its engine keeps per pixel in each mode (Engine.pixel_bytes)
+    page_budget: int = 0
+    pixel_bytes: tuple[tuple[str, float], ...] = ()
+
+    def cost(self, mode: str, pixels: int) -> int:
+        """Bytes a page of this mode and size costs until its engine is done with it."""
+        per = dict(self.pixel_bytes)
+        return int(pixels * per.get(mode, max(per.values(), default=3.0)))
+
+    def a4_pixels(self) -> int:
+        """An A4 page's pixels at `dpi` (a guess at a page's size before it is rendered)."""
+        return int(8.27 * self.dpi) * int(11.69 * self.dpi)
+
+    def max_pixels(self, mode: str, limit: int) -> int:
+        """The most pixels a page of this mode may have: `limit`, or fewer so that the
+        page fits the budget."""
+        if not self.page_budget:
+            return limit
+        return max(1, min(limit, self.page_budget * 1_000_000 // max(1, self.cost(mode,
+                                                                                   1_000_000))))
+
+    @property
+    def fixed(self) -> bool:
+        """Every page at `dpi` (no need to look for scans)."""
+        return self.scan_min_dpi == self.scan_max_dpi == self.dpi
 
     def for_scan(self, native: float | None) -> float:
         if native is None:
@@ -39,17 +67,26 @@ class Resolution:
         return min(max(native, self.scan_min_dpi), self.scan_max_dpi)
 
 
-def choose(render: Any, engine: Any) -> Resolution:
+def choose(render: Any, engine: Any, memory_bytes: int = 0) -> Resolution:
     """The resolution from the config's `render` section (None: the engine's choice)."""
     lo, hi = engine.scan_dpi
     lo = render.scan_min_dpi or lo
     hi = render.scan_max_dpi or hi
-    return Resolution(render.dpi or engine.render_dpi, min(lo, hi), max(lo, hi))
+    return Resolution(render.dpi or engine.render_dpi, min(lo, hi), max(lo, hi),
+                      grey=engine.page_mode != "RGB", page_budget=memory_bytes,
+                      pixel_bytes=tuple(sorted(engine.pixel_bytes.items())))
 
 
 def scan_dpi(page: Any) -> float | None:
     """The resolution of the image that covers most of a PDFium page, if it covers at
     least SCAN_COVER of it: None for a page that is not a scan."""
+    found = scan(page)
+    return found[0] if found else None
+
+
+def scan(page: Any) -> tuple[float, int] | None:
+    """(dpi, bits per pixel) of the image that covers most of a PDFium page, if it covers
+    at least SCAN_COVER of it: None for a page that is not a scan."""
     import pypdfium2 as pdfium
     import pypdfium2.raw as pdfium_c
 
@@ -57,7 +94,7 @@ def scan_dpi(page: Any) -> float | None:
     area = w * h
     if area <= 0:
         return None
-    best: tuple[float, float] | None = None  # (covered area, dpi)
+    best: tuple[float, float, Any] | None = None  # (covered area, dpi, image)
     try:
         count = pdfium_c.FPDFPage_CountObjects(page)
         for i in range(min(count, MAX_OBJECTS)):
@@ -72,9 +109,16 @@ def scan_dpi(page: Any) -> float | None:
             px_w, px_h = obj.get_px_size()
             shown = (right - left) * (top - bottom)  # in points², rotation-proof
             if shown > 0 and px_w > 1 and px_h > 1:
-                best = (covered, (px_w * px_h / shown) ** 0.5 * 72)
+                best = (covered, (px_w * px_h / shown) ** 0.5 * 72, obj)
+        if best is None or best[0] < SCAN_COVER * area:
+            return None
+        return best[1], _bits(best[2])
     except pdfium.PdfiumError:
         return None
-    if best is None or best[0] < SCAN_COVER * area:
-        return None
-    return best[1]
+
+
+def _bits(image: Any) -> int:
+    """Bits per pixel of a PDF image (1 for fax and JBIG2 scans); 0 when not known."""
+    if {"CCITTFaxDecode", "JBIG2Decode"} & set(image.get_filters()):
+        return 1
+    return int(image.get_metadata().bits_per_pixel)

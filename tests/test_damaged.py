@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, make_pdf, sentence_lines, wait_for
 
+from bench.memory import pdf_bytes
 from ocrd import errors, pages, pdffaults
 
 # OCRmyPDF's tests/resources/invalid.pdf: a header, a sentence, the end marker
@@ -26,17 +27,7 @@ def tiny_page_pdf() -> bytes:
             b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 0.1 0.1] /Contents 4 0 R >>",
             b"<< /Length 0 >>\nstream\n\nendstream"]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, obj in enumerate(objs, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + obj + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objs) + 1, xref)
-    return bytes(out)
+    return pdf_bytes(objs)
 
 
 def test_a_complete_pdf_that_cannot_be_opened_is_damaged(tmp_path: Path) -> None:

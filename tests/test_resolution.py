@@ -94,8 +94,10 @@ def test_scan_dpi_is_none_for_born_digital_and_small_images(tmp_path: Path) -> N
 
 def test_the_engine_chooses_the_resolution_unless_configured() -> None:
     tess = TesseractEngine.__new__(TesseractEngine)
-    assert resolution.choose(RenderConfig(), tess) == resolution.Resolution(300, 200, 600)
+    # tesseract reads grey: it gets pages rendered grey (ocrd/modes.py)
+    assert resolution.choose(RenderConfig(), tess) == resolution.Resolution(300, 200, 600,
+                                                                            grey=True)
     # the DeepSeek engines keep the base class's choice
     assert resolution.choose(RenderConfig(), Engine) == resolution.Resolution(144, 144, 200)
     cfg = RenderConfig(dpi=250, scan_min_dpi=100, scan_max_dpi=400)
-    assert resolution.choose(cfg, tess) == resolution.Resolution(250, 100, 400)
+    assert resolution.choose(cfg, tess) == resolution.Resolution(250, 100, 400, grey=True)

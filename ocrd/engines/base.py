@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from PIL import Image
 
@@ -27,12 +27,15 @@ PROMPTS: dict[str, str] = {
 class PageRequest:
     """One rendered page on its way to the engine."""
 
-    image: Image.Image  # RGB, or L / 1 for pages rendered in their own mode
+    image: Image.Image | None  # RGB; None when `rendered` is given instead
     page_no: int  # 1-based
     doc_id: str  # stable per document; engines use it to name requests
     prompt_mode: PromptMode = "markdown"
     custom_prompt: str | None = None  # used when prompt_mode == "custom"
     dpi: float = 0.0  # the page's render resolution; 0 = not known (an image file)
+    # for an engine whose page_mode is not RGB: the page as rendered, packed in its own
+    # mode (pages.RenderedPage: grey or 1-bit), not made into a Pillow image
+    rendered: Any = None
 
     @property
     def prompt(self) -> str:
@@ -78,6 +81,12 @@ class Engine(abc.ABC):
     # pages to 1024/768 px, and its recipe renders at 144 dpi.
     render_dpi: int = 144
     scan_dpi: tuple[int, int] = (144, 200)
+    # "RGB"; "L" for an engine that reads grey: it gets pages rendered grey, and 1-bit
+    # scans as packed bits (PageRequest.rendered; ocrd/modes.py)
+    page_mode: str = "RGB"
+    # Bytes a page costs per pixel, by mode, from rendering until the engine is done
+    # with it (ocrd/budget.py): here the packed page (3) and its Pillow image (4).
+    pixel_bytes: dict[str, float] = {"RGB": 7.0}  # noqa: RUF012 - read only
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load models, connect, check the installation. May take minutes."""

@@ -14,6 +14,9 @@ from collections.abc import Awaitable, Callable
 
 from PIL import Image
 
+from .. import modes
+from .base import PageRequest
+
 # px: the copy's long side stays at least this (an A4 page at ~140 dpi or more; at 100
 # dpi OSD misjudged sideways pages)
 OSD_LONG_SIDE = 1600
@@ -24,19 +27,23 @@ _CONFIDENCE = re.compile(rb"^Orientation confidence:\s*([\d.]+)", re.MULTILINE)
 _TURN = {90: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180,
          270: Image.Transpose.ROTATE_90}
 
-# Runs tesseract on a PNM image with extra arguments; returns stdout, raises on failure.
-Runner = Callable[[bytes, list[str]], Awaitable[bytes]]
+# Runs tesseract on a PNM image (header, pixels) with extra arguments; returns stdout,
+# raises RuntimeError when tesseract fails.
+Runner = Callable[[tuple[bytes, bytes], list[str]], Awaitable[bytes]]
 
 
-def osd_input(image: Image.Image, dpi: float) -> tuple[bytes, float]:
-    """The page as a small greyscale PGM for OSD, and the dpi it then has."""
-    grey = image if image.mode in ("L", "1") else image.convert("L")
-    factor = max(1, max(grey.size) // OSD_LONG_SIDE)
-    if factor > 1:
-        grey = (grey.convert("L") if grey.mode == "1" else grey).reduce(factor)
-    grey = grey.convert("L") if grey.mode != "L" else grey
-    header = b"P5\n%d %d\n255\n" % grey.size
-    return header + grey.tobytes(), dpi / factor
+def osd_input(page: PageRequest) -> tuple[bytes, int]:
+    """The page as a small greyscale PGM for OSD, and the factor it was reduced by."""
+    if page.rendered is not None:
+        r = page.rendered
+        factor = max(1, max(r.width, r.height) // OSD_LONG_SIDE)
+        grey = modes.reduced_grey(r.mode, r.width, r.height, r.data, factor)
+    else:
+        assert page.image is not None
+        factor = max(1, max(page.image.size) // OSD_LONG_SIDE)
+        grey = page.image.convert("L") if page.image.mode != "L" else page.image
+        grey = grey.reduce(factor) if factor > 1 else grey
+    return modes.pnm_header("L", *grey.size) + grey.tobytes(), factor
 
 
 def parse(out: bytes, min_confidence: float) -> int:
@@ -50,14 +57,14 @@ def parse(out: bytes, min_confidence: float) -> int:
     return angle
 
 
-async def detect(run: Runner, image: Image.Image, dpi: float, min_confidence: float) -> int:
-    """How many degrees clockwise to turn the page so that it reads upright. A
-    page OSD cannot judge (too little text: tesseract then exits non-zero) stays as it
-    is."""
-    data, small_dpi = osd_input(image, dpi or 300)
+async def detect(run: Runner, page: PageRequest, min_confidence: float) -> int:
+    """How many degrees clockwise to turn the page so that it reads upright. A page OSD
+    cannot judge (too little text: tesseract then exits non-zero) stays as it is."""
+    data, factor = osd_input(page)
+    small_dpi = (page.dpi or 300) / factor
     args = ["--psm", "0", "-l", "osd", "--dpi", str(max(70, round(small_dpi)))]
     try:
-        out = await run(data, args)
+        out = await run((data, b""), args)
     except RuntimeError:
         return 0
     return parse(out, min_confidence)
