@@ -149,7 +149,10 @@ def main() -> None:
             copies.append(root / f"huge{k}.pdf")
             copies[-1].write_bytes(src.read_bytes())
         checkouts = [("ocrd", here)] + ([("baseline", args.baseline)] if args.baseline else [])
-        for label, files in (("1 file", copies[:1]), (f"{args.files} files", copies)):
+        runs = [("1 file", copies[:1])]
+        if args.files > 1:
+            runs.append((f"{args.files} files", copies))
+        for label, files in runs:
             row = {}
             for name, checkout in checkouts:
                 out = root / f"out-{name}-{len(files)}"
