@@ -327,9 +327,10 @@ def rendering(quick: bool) -> list[Result]:
 # -- 3. memory ----------------------------------------------------------------------------
 
 
-def _peak_rss_converting(root: Path, pages_n: int, engine_cfg: dict) -> dict:
+def _peak_rss_converting(root: Path, pages_n: int, engine_cfg: dict,
+                         inbox: dict | None = None) -> dict:
     data = pdf_bytes(pages_n)
-    with DaemonProcess(root, daemon_config(root, engine_cfg)).start() as d:
+    with DaemonProcess(root, daemon_config(root, engine_cfg, inbox=inbox or {})).start() as d:
         with TreeRss(d.pid, interval=0.01) as rss:
             idle = rss.sample()
             t0 = time.time()
@@ -349,6 +350,28 @@ def memory(quick: bool) -> list[Result]:
     _log(f"  1,000 pages: peak {big['peak_rss_mb']} MB ({big['seconds']} s)")
     return [Result("memory_1000_vs_10_pages", big["peak_rss_mb"] / small["peak_rss_mb"],
                    1.25, "<=", {"10_pages": small, "1000_pages": big})]
+
+
+def memory_pdf(quick: bool) -> list[Result]:
+    """The same with the searchable PDF on (outputs: [markdown, pdf]), a layer on every
+    page (pdf_text_layer: add; the bench's pages are born-digital text, which
+    skip_if_text would leave alone). Checks that the PDF has every page."""
+    import pikepdf
+
+    inbox = {"outputs": ["markdown", "pdf"], "pdf_text_layer": "add"}
+    _log("memory_pdf: the same two PDFs with the searchable PDF written too")
+    rows = {}
+    for n in (10, 1000):
+        root = fresh(f"memory-pdf-{n}")
+        rows[n] = _peak_rss_converting(root, n, SIMULATED, inbox)
+        with pikepdf.open(root / "outbox" / f"doc{n}.pdf") as pdf:
+            if len(pdf.pages) != n:
+                raise RuntimeError(f"doc{n}.pdf has {len(pdf.pages)} pages, not {n}")
+        rows[n]["pdf_bytes"] = (root / "outbox" / f"doc{n}.pdf").stat().st_size
+        _log(f"  {n} pages: peak {rows[n]['peak_rss_mb']} MB ({rows[n]['seconds']} s)")
+    return [Result("memory_pdf_1000_vs_10_pages",
+                   rows[1000]["peak_rss_mb"] / rows[10]["peak_rss_mb"], 1.25, "<=",
+                   {"10_pages": rows[10], "1000_pages": rows[1000]})]
 
 
 # -- 4. pick-up latency -------------------------------------------------------------------
@@ -517,11 +540,70 @@ def vllm_saturation(quick: bool) -> list[Result]:
                              docs=docs)
 
 
+def remote_saturation(quick: bool) -> list[Result]:
+    """Issue 14.7: the remote engine against a continuous-batching server (bench/
+    sim_server.py: the simulated engine behind vLLM's routes, a subprocess) whose batch
+    is `concurrency_per_url`. The daemon with no queue on the server (queue_per_url 0,
+    the old behaviour: every finished page leaves a batch place empty until the next
+    request arrives) and with the default queue, interleaved, ÷ the same server fed
+    directly by the remote client at its best concurrency."""
+    from ocrd.engines.base import PageRequest
+
+    batch = 16
+    proc = subprocess.Popen([sys.executable, "-m", "bench.sim_server", "--max-batch",
+                             str(batch)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline().split()[1])
+        url = f"http://127.0.0.1:{port}/v1"
+        base = {"kind": "remote", "urls": [url], "concurrency_per_url": batch,
+                "loop_retries": 0}
+        wait_for(lambda: _answers(url), 30, "the simulated server")
+        docs = saturation_docs(quick)
+        images = design_images()
+        requests = [PageRequest(image=images[design], page_no=k + 1, doc_id=doc.doc_id)
+                    for doc in docs for k, design in enumerate(doc.designs())]
+        _log(f"remote saturation: {len(requests)} pages, server batch {batch}")
+        direct = []
+        for c in (batch, batch + 2, 2 * batch):
+            cfg = {**base, "concurrency_per_url": 2 * batch, "queue_per_url": 0}
+            direct.append(asyncio.run(_drive(cfg, requests, c)))
+            _log(f"  server fed directly, {c} at once: {direct[-1]['pages_per_s']:.2f} pages/s")
+        best = max(direct, key=lambda r: r["pages_per_s"])
+        runs: dict[str, list[dict]] = {"no_queue": [], "queue": []}
+        for i in range(2):
+            for label, extra in (("no_queue", {"queue_per_url": 0}), ("queue", {})):
+                root = fresh(f"remote-{label}-{i}")
+                runs[label].append(_run_daemon_on(root, {**base, **extra}, docs,
+                                                  timeout=60 + 4 * best["seconds"]))
+                _log(f"  daemon, {label}: {runs[label][-1]['pages_per_s']:.2f} pages/s")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    rate = {k: max(r["pages_per_s"] for r in v) for k, v in runs.items()}
+    facts = {"daemon": runs, "direct": direct, "best": best["concurrency"], "batch": batch}
+    return [Result("remote_saturation", rate["queue"] / best["pages_per_s"], 0.95, ">=",
+                   facts),
+            Result("remote_queue_vs_no_queue", rate["queue"] / rate["no_queue"], 1.0, ">=",
+                   facts)]
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/models", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 CASES = {
     "saturation": lambda quick: engine_saturation(SIMULATED, quick),
+    "remote_saturation": remote_saturation,
     "saturation_vllm": vllm_saturation,
     "rendering": rendering,
     "memory": memory,
+    "memory_pdf": memory_pdf,
     "pickup": pickup,
     "pickup_moved": pickup_moved,
     "burst": burst,

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, load_config, parse_config
@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="override engine.kind")
     conv.add_argument("--prompt", choices=["markdown", "text"], default="markdown",
                       help="what to ask the model for (vllm/remote only)")
+    conv.add_argument("--pdf", action="store_true",
+                      help="also write NAME.pdf: the original, searchable (an invisible text "
+                      "layer; NAME.ocr.pdf for a PDF converted into its own folder)")
+    conv.add_argument("--pdf-text-layer", choices=["replace", "add", "skip_if_text"],
+                      default="skip_if_text", help="on pages that have text already: "
+                      "replace it, add the layer anyway, or keep them as they are "
+                      "(default)")
     conv.add_argument("-l", "--language", action="append", metavar="LANG",
                       help="tesseract language(s): -l eng+deu, or -l eng -l deu (default: "
                       "engine.tesseract.lang, eng); the DeepSeek-OCR-2 engines need none")
@@ -264,6 +271,15 @@ def _convert_config(args: argparse.Namespace) -> Config:
                                   "render": type(cfg.render).model_validate(render)})
 
 
+def _pdf_settings(args: argparse.Namespace, path: Path, out: Any) -> Any:
+    """--pdf: NAME.pdf, or NAME.ocr.pdf for a PDF converted into the folder it is in."""
+    from .pdfout import BESIDE_ORIGINAL_SUFFIX, DEFAULT_SUFFIX, PdfSettings, same_folder
+
+    beside = path.suffix.lower() == ".pdf" and same_folder(out, str(path))
+    return PdfSettings(args.pdf_text_layer,
+                       BESIDE_ORIGINAL_SUFFIX if beside else DEFAULT_SUFFIX)
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from . import log
     from .progress import Progress
@@ -321,6 +337,8 @@ async def _convert(cfg: Config, args: argparse.Namespace,
             src = Source(fd, path.name, prompt_mode=args.prompt)
             try:
                 with safefs.Dir.open_root(args.output, create=True) as out:
+                    if args.pdf:
+                        src.pdf = _pdf_settings(args, path, out)
                     written = await converter.convert(src, out, perms)
             except OcrdError as e:
                 failures.append(e)

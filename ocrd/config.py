@@ -9,6 +9,7 @@ from __future__ import annotations
 import grp
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,6 +78,11 @@ class InboxConfig(_Strict):
     # custom (custom_prompt). Ignored by tesseract.
     prompt: Literal["markdown", "text", "custom"] = "markdown"
     custom_prompt: str | None = None
+    # markdown (always) and pdf: the original, searchable (ocrd/textpdf.py); on a page
+    # that has text already, the layer replaces, is added to, or skips (skip_if_text)
+    outputs: list[Literal["markdown", "pdf"]] = Field(default_factory=lambda: ["markdown"])
+    pdf_text_layer: Literal["replace", "add", "skip_if_text"] = "skip_if_text"
+    pdf_suffix: str = ".pdf"
 
     @field_validator("file_mode", "dir_mode")
     @classmethod
@@ -107,6 +113,11 @@ class InboxConfig(_Strict):
             raise ValueError("on_success is 'archive' but no 'archive' folder is set")
         if self.prompt == "custom" and not self.custom_prompt:
             raise ValueError("prompt is 'custom' but no 'custom_prompt' is set")
+        if "markdown" not in self.outputs:
+            raise ValueError("outputs must list 'markdown' (always written; add 'pdf')")
+        if not re.fullmatch(r"[^/\0]{0,40}\.pdf", self.pdf_suffix):
+            raise ValueError(f"pdf_suffix must end in '.pdf' (like '.ocr.pdf'), got "
+                             f"{self.pdf_suffix!r}")
         return self
 
     @property
@@ -227,8 +238,12 @@ class EngineConfig(_Strict):
     api_key: str | None = None
     api_key_file: Path | None = None
     api_key_credential: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
-    # remote: pages in flight per server
+    # remote: pages each server decodes at once (its batch: `vllm serve --max-num-seqs`)
     concurrency_per_url: int = Field(default=32, ge=1)
+    # remote: pages sent to each server beyond its batch, to wait in its queue, so that a
+    # place freed in the batch is refilled at the server's next step, not a round trip
+    # later (issue 14.7); 0 for a server that refuses more than its batch
+    queue_per_url: int = Field(default=2, ge=0)
     request_timeout_seconds: float = Field(default=600.0, gt=0)
     max_tokens: int = Field(default=8192, ge=1)
     # a page whose output ends for length/repetition is retried this many extra times

@@ -21,6 +21,7 @@ from .claims import Item
 from .config import Config
 from .journal import Journal, JournalUnwritable
 from .outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
+from .pdfout import PdfSettings
 from .pipeline import Converter, Source
 
 log = structlog.get_logger("ocrd.jobs")
@@ -85,6 +86,8 @@ class Jobs:
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
                      claimed_at=item.claimed_at or 0.0)
+        if "pdf" in inbox.cfg.outputs:
+            src.pdf = PdfSettings(inbox.cfg.pdf_text_layer, inbox.cfg.pdf_suffix)
         if plain:
             src.stem = outbox.split_ext(plain_name(item.name))[0]
         src.order = item.order

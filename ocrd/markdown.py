@@ -111,6 +111,13 @@ def grounding_to_markdown(
     return PageMarkdown(markdown=markdown, figures=figures, malformed=malformed or leftovers)
 
 
+def text_blocks(raw: str) -> list[tuple[str | None, list[tuple[float, ...]], str]]:
+    """The page's blocks as (label, boxes on the 0..999 grid, content as the model wrote
+    it), for the searchable PDF's text layer; same parsing as grounding_to_markdown."""
+    text, _ = _strip_special_tokens(raw)
+    return [(b.label, list(b.boxes), b.content) for b in _parse_blocks(text)[0]]
+
+
 def text_to_markdown(text: str) -> str:
     """Turn plain OCR text (tesseract) into Markdown that renders as the same plain text.
 

@@ -74,6 +74,8 @@ class Metrics:
                                   "Time of the last converted file", registry=r)
         self.rescans = Counter("ocrd_rescans", "Full scans of inboxes", registry=r)
         self.claims = Counter("ocrd_claims", "Files claimed from inboxes", registry=r)
+        self.pdf_failures = Counter("ocrd_pdf_failures", "Searchable PDFs that could not "
+                                    "be written (the Markdown was)", registry=r)
         self.build = Info("ocrd_build", "Version and engine", registry=r)
         self.build.info({"version": __version__})
 

@@ -78,9 +78,16 @@ class Liveness:
         self.loop_at = now
         self.progress_at = now
         self.in_engine = 0
+        self.loop_watched = True
 
     def loop_turned(self) -> None:
         self.loop_at = self.clock()
+
+    def loop_stopped(self) -> None:
+        """The main loop was stopped on purpose (draining before exit): its turns no
+        longer say anything. The heartbeat still runs, so the event loop does; pages
+        still in the engine must still come back."""
+        self.loop_watched = False
 
     def page_sent(self) -> None:
         """A page goes into the engine. From idle, the clock starts now."""
@@ -96,7 +103,7 @@ class Liveness:
     def problem(self) -> str | None:
         """Why the daemon is not live, or None when it is."""
         now = self.clock()
-        if now - self.loop_at > LOOP_STALL_SECONDS:
+        if self.loop_watched and now - self.loop_at > LOOP_STALL_SECONDS:
             return f"the main loop has not turned for {now - self.loop_at:.0f} s"
         waited = now - self.progress_at
         if self.in_engine and waited > self.page_timeout + PAGE_GRACE_SECONDS:

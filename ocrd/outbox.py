@@ -19,9 +19,10 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from . import names
 from .safefs import Blocked, Dir
@@ -131,12 +132,21 @@ def write_atomic(folder: Dir, name: str, data: bytes, perms: Perms,
                  replace: bool = True) -> None:
     """name in folder holds data, whole or not at all. replace=False: only if the name
     is free (FileExistsError otherwise)."""
+    def fill(out: BinaryIO) -> None:
+        out.write(data)
+
+    write_atomic_with(folder, name, fill, perms, replace)
+
+
+def write_atomic_with(folder: Dir, name: str, fill: Callable[[BinaryIO], None],
+                      perms: Perms, replace: bool = True) -> None:
+    """write_atomic for what `fill` writes into the open file: large outputs such as the
+    searchable PDF go to disk as they are made."""
     tmp = perms.tmp_name(name)
     fd = folder.create(tmp)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        with open(fd, "wb", closefd=False) as out:  # buffered: whole writes
+            fill(out)
         os.fchmod(fd, perms.file_mode)
         if perms.gid is not None:
             os.fchown(fd, -1, perms.gid)
@@ -234,13 +244,14 @@ class Reservations:
         self._taken: set[tuple[int, int, str]] = set()
 
     def choose(self, folder: Dir, stem: str, sha256: str, source: str,
-               same_path_replaces: bool = False) -> str:
+               same_path_replaces: bool = False, suffixes: tuple[str, ...] = ()) -> str:
         """The output base name (without suffix) for a document in folder: the plain
         name unless another document's results (or anything not ocrd's) hold it, then
         stem-2, stem-3, ... Results of the same document (same content and source path)
         are replaced, not duplicated. With `same_path_replaces` (on_success: keep, where
         a file is edited in place) the results of an earlier version of the same source
-        path are replaced too."""
+        path are replaced too. `suffixes`: further outputs (the searchable PDF's
+        suffix) whose names must be free or this document's too."""
         st = os.fstat(folder.fd)
         with self._lock:
             for candidate in unique_names(stem, "", reserve=OUTPUT_RESERVE):
@@ -248,7 +259,7 @@ class Reservations:
                 if key in self._taken:
                     continue
                 if _free_or_same(folder, candidate, None if same_path_replaces else sha256,
-                                 source):
+                                 source, suffixes):
                     self._taken.add(key)
                     return candidate
         raise AssertionError("unreachable")
@@ -259,11 +270,13 @@ class Reservations:
             self._taken.discard((st.st_dev, st.st_ino, base))
 
 
-def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str) -> bool:
+def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str,
+                  suffixes: tuple[str, ...] = ()) -> bool:
     md, sidecar, assets = base + ".md", base + ".json", assets_name(base)
-    if not any(folder.exists(n) for n in (md, sidecar, assets)):
+    extra = [fit_name(base, suffix) for suffix in suffixes]
+    if not any(folder.exists(n) for n in (md, sidecar, assets, *extra)):
         return True
-    for name, want_dir in ((md, False), (assets, True)):
+    for name, want_dir in ((md, False), (assets, True), *((n, False) for n in extra)):
         try:
             st = folder.lstat(name)
         except FileNotFoundError:
@@ -275,6 +288,10 @@ def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str) -> bo
     except (OSError, ValueError):
         return False
     src = meta.get("source", {}) if isinstance(meta, dict) else {}
+    outputs = meta.get("outputs") if isinstance(meta, dict) else None
+    written = outputs.get("pdf") if isinstance(outputs, dict) else None
+    if any(folder.exists(n) and n != written for n in extra):
+        return False  # a PDF of that name that this document's results do not list
     return src.get("path") == source and (sha256 is None or src.get("sha256") == sha256)
 
 

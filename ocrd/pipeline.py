@@ -23,8 +23,19 @@ from typing import Any
 
 import structlog
 
-from . import __version__, budget, errors, markdown, names, outbox, pages, records, safefs
-from . import resolution as resolutions
+from . import (
+    __version__,
+    budget,
+    errors,
+    markdown,
+    names,
+    outbox,
+    pages,
+    pdfout,
+    records,
+    resolution,
+    safefs,
+)
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -51,6 +62,7 @@ class Source:
     # a new version of this source path replaces the results of the old one (keep mode)
     same_path_replaces: bool = False
     stem: str | None = None  # the outputs' name, when not the source's own (plain names)
+    pdf: pdfout.PdfSettings | None = None  # write the searchable PDF too (outputs: pdf)
 
     @property
     def path(self) -> str:
@@ -124,7 +136,7 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
-        self.resolution = resolutions.choose(cfg.render, engine, cfg.limits.memory_bytes)
+        self.resolution = resolution.choose(cfg.render, engine, cfg.limits.memory_bytes)
         # page images in flight, all documents together (ocrd/budget.py)
         self.memory = budget.MemoryBudget(cfg.limits.memory_bytes)
         # Pages on their way to the engine (rendering or waiting for a slot), plus one
@@ -163,15 +175,23 @@ class Converter:
             self._progress()
         stem = src.stem or outbox.split_ext(PurePosixPath(src.name).name)[0]
         base = self.reservations.choose(out_dir, stem, src.sha256, src.name,
-                                        src.same_path_replaces)
+                                        src.same_path_replaces,
+                                        (src.pdf.suffix,) if src.pdf else ())
         staging = Staging(out_dir, base, perms)
+        pdf = pdfout.SearchablePdf(src.pdf, info.pages, self.engine.output_format ==
+                                   "grounding") if src.pdf else None
         try:
-            results = await self._pages(src, info, staging, staging.final, blog)
-            meta = self._sidecar(src, info, results, base, staging, t0)
+            results = await self._pages(src, info, staging, staging.final, blog, pdf)
+            if pdf is not None:  # before the sidecar, which lists it, and the Markdown
+                await pdfout.finish(pdf, self.pool, src.path, info.kind, out_dir, base,
+                                    perms, self.metrics, blog)
+            meta = self._sidecar(src, info, results, base, staging, t0, pdf)
             text = assemble(results)
             await asyncio.to_thread(self._write, out_dir, base, text, meta, staging, perms)
         except BaseException:
             await asyncio.to_thread(staging.discard)
+            if pdf is not None:
+                await asyncio.to_thread(pdf.discard, out_dir)
             raise
         finally:
             self.reservations.release(out_dir, base)
@@ -183,7 +203,8 @@ class Converter:
     # -- pages ------------------------------------------------------------------------
 
     async def _pages(self, src: Source, info: pages.DocInfo, staging: Staging,
-                     assets_link: str, blog: Any) -> list[dict]:
+                     assets_link: str, blog: Any,
+                     pdf: pdfout.SearchablePdf | None = None) -> list[dict]:
         results: list[dict] = [{} for _ in range(info.pages)]
         ahead = asyncio.Semaphore(self.cfg.render.lookahead)
         doc_key = object()  # identity of this document for the fair slots
@@ -260,6 +281,8 @@ class Converter:
                         self.metrics.pages_in_flight.dec()
                 results[i] = await self._page_result(i, out, kept[0] if kept else None,
                                                      size, render_s, staging, assets_link)
+                if pdf is not None:  # its text layer, from the engine's geometry
+                    pdf.page(i, out, size.width, size.height)
                 blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
                            tokens=out.tokens, finish=out.finish_reason)
             finally:
@@ -356,8 +379,12 @@ class Converter:
     # -- results ----------------------------------------------------------------------
 
     def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: str,
-                 staging: Staging, t0: float) -> dict:
+                 staging: Staging, t0: float,
+                 pdf: pdfout.SearchablePdf | None = None) -> dict:
         page_meta = [records.page(r) for r in results]
+        if pdf is not None:
+            for i, page in enumerate(page_meta):
+                page["text_layer"] = pdf.page_meta(i)
         degraded = [r["page"] for r in results if r["status"] == "degraded"]
         return {
             "schema_version": records.SIDECAR_SCHEMA_VERSION,
@@ -372,6 +399,7 @@ class Converter:
             "outputs": {
                 "markdown": base + ".md",
                 "assets": staging.final if staging.used else None,
+                **(pdf.outputs() if pdf is not None else {}),
             },
             "timings": {
                 "claimed_at": records.iso(src.claimed_at),

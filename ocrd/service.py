@@ -305,6 +305,8 @@ class Daemon:
         scheduler = parts.scheduler
         log.info("draining", active=len(scheduler.active), queued=scheduler.queued)
         await parts.intake.stop()
+        # a drain longer than the loop's stall threshold must not cost the watchdog's pings
+        self.liveness.loop_stopped()
         parts.inboxes.stop()
         parts.outcomes.cancel_pending()
         scheduler.accepting = False

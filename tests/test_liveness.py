@@ -97,3 +97,21 @@ def test_a_main_loop_that_stops_turning_is_a_stall_even_when_idle() -> None:
     assert why is not None and "main loop" in why, why
     live.loop_turned()
     assert live.problem() is None
+
+
+def test_a_drain_longer_than_the_loop_threshold_stays_live_while_pages_come_back() -> None:
+    """Draining stops the main loop on purpose; the nspawn stop step was killed by the
+    watchdog (result 'watchdog', SIGABRT) 35 s into a drain of a tesseract document when
+    the loop's silence still counted."""
+    clock = Clock()
+    live = Liveness(page_timeout_seconds=10, clock=clock)
+    live.page_sent()
+    live.loop_stopped()
+    for _ in range(20):  # 100 s of draining, a page back every 5 s
+        clock.advance(5)
+        live.page_back()
+        live.page_sent()
+        assert live.problem() is None
+    clock.advance(10 + PAGE_GRACE_SECONDS + 1)  # then one page stuck in the engine
+    why = live.problem()
+    assert why is not None and "came back" in why, why

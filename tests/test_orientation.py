@@ -69,3 +69,17 @@ def test_pages_reach_tesseract_in_their_own_mode() -> None:
     assert pnm(one) == b"P4\n10 2\n" + bytes([0b10000000, 0, 0, 0])  # 1 = black in PBM
     assert pnm(Image.new("L", (3, 1), 7)) == b"P5\n3 1\n255\n\x07\x07\x07"
     assert pnm(Image.new("RGBA", (1, 1), (1, 2, 3, 4))) == b"P6\n1 1\n255\n\x01\x02\x03"
+
+
+def test_word_boxes_on_a_turned_page_land_on_the_page_as_given() -> None:
+    """The searchable PDF lays words on the page as it is in the PDF: boxes tesseract
+    found on the turned image are turned back."""
+    width, height, x, y = 7, 4, 5, 1
+    page = Image.new("L", (width, height), 255)
+    page.putpixel((x, y), 0)
+    for angle in (90, 180, 270):
+        turned = orientation.turn(page, angle)
+        tx, ty = next((i, j) for i in range(turned.width) for j in range(turned.height)
+                      if turned.getpixel((i, j)) == 0)
+        assert orientation.unturn((tx, ty, tx + 1, ty + 1), angle, (width, height)) == \
+            (x, y, x + 1, y + 1), angle

@@ -190,7 +190,7 @@ def test_chat_text_strips_only_the_placeholder() -> None:
 def test_pages_spread_across_two_servers_within_their_limits() -> None:
     async def run() -> tuple[FakeVllm, FakeVllm, RemoteEngine, list[Any]]:
         a, b = await FakeVllm(latency=0.2).start(), await FakeVllm(latency=0.2).start()
-        engine = RemoteEngine(config(a.url, b.url, concurrency_per_url=3))
+        engine = RemoteEngine(config(a.url, b.url, concurrency_per_url=3, queue_per_url=0))
         outs = await asyncio.gather(*(engine.ocr(page(i)) for i in range(12)))
         await a.stop()
         await b.stop()
@@ -207,7 +207,7 @@ def test_pages_spread_across_two_servers_within_their_limits() -> None:
 def test_per_server_limit_is_respected() -> None:
     async def run() -> FakeVllm:
         server = await FakeVllm(latency=0.1, limit=2).start()  # 503 above 2
-        engine = RemoteEngine(config(server.url, concurrency_per_url=2))
+        engine = RemoteEngine(config(server.url, concurrency_per_url=2, queue_per_url=0))
         await asyncio.gather(*(engine.ocr(page(i)) for i in range(8)))
         await server.stop()
         return server
@@ -215,6 +215,22 @@ def test_per_server_limit_is_respected() -> None:
     server = asyncio.run(run())
     assert server.served == 8
     assert server.max_in_flight == 2 and server.rejected == 0
+
+
+def test_each_server_gets_its_batch_and_a_small_queue_beyond_it() -> None:
+    """Issue 14.7: with exactly the server's batch in flight, every page that finishes
+    leaves a batch place empty until the next request arrives; ocrd keeps queue_per_url
+    more pages waiting on the server (default 2)."""
+    async def run() -> tuple[FakeVllm, RemoteEngine]:
+        server = await FakeVllm(latency=0.1).start()
+        engine = RemoteEngine(config(server.url, concurrency_per_url=3))
+        await asyncio.gather(*(engine.ocr(page(i)) for i in range(15)))
+        await server.stop()
+        return server, engine
+
+    server, engine = asyncio.run(run())
+    assert engine.max_concurrency == 5
+    assert server.served == 15 and server.max_in_flight == 5
 
 
 def test_503_is_retried_with_backoff(fast_backoff: None) -> None:

@@ -45,6 +45,16 @@ class PageRequest:
         return PROMPTS[self.prompt_mode]
 
 
+@dataclass(frozen=True, slots=True)
+class Word:
+    """A word and where it is: pixels (left, top, right, bottom) of the page image the
+    engine was given. Engines that see words (tesseract) report them; the searchable
+    PDF lays each word over its box (ocrd/textlayer.py)."""
+
+    text: str
+    box: tuple[int, int, int, int]
+
+
 @dataclass
 class PageOutput:
     """What the engine made of one page."""
@@ -64,6 +74,8 @@ class PageOutput:
     # engine does not detect orientation
     rotation: int | None = None
     extra: dict = field(default_factory=dict)
+    # the page's words with their boxes, where the engine gives them (None: no geometry)
+    words: list[Word] | None = None
 
 
 class Engine(abc.ABC):

@@ -221,7 +221,8 @@ class ManagedServerEngine(Engine):
         self.env = env
         self._client = RemoteEngine(cfg.model_copy(update={
             "kind": "remote", "urls": [self.url],
-            "concurrency_per_url": self.max_concurrency}))
+            "concurrency_per_url": cfg.vllm.max_num_seqs,
+            "queue_per_url": QUEUE_PER_API_SERVER * self.api_servers}))
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._supervisor: asyncio.Task | None = None

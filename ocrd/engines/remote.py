@@ -1,11 +1,12 @@
 """DeepSeek-OCR-2 on one or more `vllm serve` instances, through their OpenAI-compatible API.
 
-Pages go to the server with the fewest pages in flight, at most `concurrency_per_url` per
-server. Connection errors and 5xx answers are retried with exponential backoff on any
-server; when none answers, `ocr()` raises EngineUnavailable (the daemon re-queues the page
-and pauses intake) instead of failing the page. The HTTP client is a small HTTP/1.1 client
-on asyncio streams (no new dependency): cancelling `ocr()` closes the connection, which
-makes vLLM abort the request, something a blocking client in a thread cannot do.
+Pages go to the server with the fewest pages in flight, at most `concurrency_per_url` (the
+server's batch) + `queue_per_url` (waiting in its queue) per server. Connection errors and
+5xx answers are retried with exponential backoff on any server; when none answers, `ocr()`
+raises EngineUnavailable (the daemon re-queues the page and pauses intake) instead of
+failing the page. The HTTP client is a small HTTP/1.1 client on asyncio streams (no new
+dependency): cancelling `ocr()` closes the connection, which makes vLLM abort the request,
+something a blocking client in a thread cannot do.
 """
 
 from __future__ import annotations
@@ -224,8 +225,9 @@ class RemoteEngine(Engine):
             raise ConfigError("engine.urls is empty: the remote engine needs a server URL")
         self.cfg = cfg
         self.model = cfg.model
-        self.servers = [_Server(u.rstrip("/"), cfg.concurrency_per_url) for u in cfg.urls]
-        self.max_concurrency = cfg.concurrency_per_url * len(self.servers)
+        per_server = cfg.concurrency_per_url + cfg.queue_per_url
+        self.servers = [_Server(u.rstrip("/"), per_server) for u in cfg.urls]
+        self.max_concurrency = per_server * len(self.servers)
         # set whenever a slot frees up; waiters re-check (asyncio: no lost wake-ups
         # between the check and the wait, as nothing awaits in between)
         self._slot_freed = asyncio.Event()

@@ -24,7 +24,7 @@ from PIL import Image
 from .. import modes
 from ..config import EngineConfig
 from ..errors import EngineDead
-from . import orientation
+from . import orientation, tesseract_tsv
 from .base import Engine, PageOutput, PageRequest
 
 log = structlog.get_logger("ocrd.engine.tesseract")
@@ -90,15 +90,20 @@ class TesseractEngine(Engine):
                 if rotation:
                     turned = orientation.turn(_image(page), rotation)
                     header, data = _pnm_parts(replace(page, image=turned, rendered=None))
+            # TSV: the text and every word's box from one run (the searchable PDF's layer)
             args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
             if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
                 args += ["--dpi", str(round(page.dpi))]
-            out = await self._tesseract((header, data), args)
-        text = _clean(out.decode("utf-8", errors="replace"))
+            out = await self._tesseract((header, data), [*args, "tsv"])
+        text, words = tesseract_tsv.parse(out.decode("utf-8", errors="replace"))
+        text = _clean(text)
+        if rotation:  # boxes on the page as given, not as turned
+            size = _size(page)
+            words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
         finished = time.time()
         return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
                           seconds=finished - started, started_at=started,
-                          finished_at=finished, rotation=rotation)
+                          finished_at=finished, rotation=rotation, words=words)
 
     async def _tesseract(self, image: tuple[bytes, bytes | bytearray],
                          args: list[str]) -> bytes:
@@ -147,6 +152,13 @@ def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
     # PBM's 1 is black, Pillow's is white: "1;I" inverts
     data = image.tobytes("raw", "1;I") if image.mode == "1" else image.tobytes()
     return modes.pnm_header(image.mode, image.width, image.height), data
+
+
+def _size(page: PageRequest) -> tuple[int, int]:
+    if page.rendered is not None:
+        return page.rendered.width, page.rendered.height
+    assert page.image is not None
+    return page.image.size
 
 
 def _image(page: PageRequest) -> Image.Image:

@@ -162,8 +162,13 @@ def test_different_images_give_different_outputs(engine: VllmEngine, loop_thread
 
     texts = [o.text for o in loop_thread.run(run())]
     assert len(set(texts)) >= 4, texts  # the pixels reached the model
-    # and the same image gives the same text (temperature 0)
-    assert loop_thread.run(engine.ocr(as_page(images[3], 9))).text == texts[3]
+    # and the same image gives the same text (temperature 0) when it is read the same
+    # way: alone, twice. Alone against among five is not compared: vLLM does not promise
+    # batch invariance (its CPU build's kernels differ by batch size), and a CI run saw
+    # the two differ (issue 14.9); test_batched_encoder.py checks the padded encoder's
+    # own guarantee.
+    alone = [loop_thread.run(engine.ocr(as_page(images[3], 9))).text for _ in range(2)]
+    assert alone[0] == alone[1], alone
 
 
 def test_loop_is_retried_and_the_page_kept(engine: VllmEngine, loop_thread: Any) -> None:

@@ -1,0 +1,142 @@
+"""One document's searchable PDF, from its first page to the file in the outbox.
+
+The converter hands every finished page to `SearchablePdf.page` (its text layer is built
+at once, ocrd/textlayer.py, and only the compressed layer is kept), and calls `write`
+after the last page, before the sidecar and the Markdown are written. Writing the PDF
+may fail (a PDF that qpdf cannot rewrite, a full disk …): that costs the PDF, never the
+Markdown — `write` reports it as `pdf_failed` for the sidecar and the metrics.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from . import outbox, safefs, textpdf
+from .engines.base import PageOutput
+from .textlayer import FontMap, PageLayer, page_layer
+
+log = structlog.get_logger("ocrd.pdfout")
+
+OUTPUTS = ("markdown", "pdf")
+DEFAULT_SUFFIX = ".pdf"
+# `ocrd convert --pdf` of a PDF into the folder it is in
+BESIDE_ORIGINAL_SUFFIX = ".ocr.pdf"
+
+
+@dataclass(frozen=True)
+class PdfSettings:
+    """What an inbox (or `ocrd convert --pdf`) asks for."""
+
+    text_layer: str = "skip_if_text"  # replace | add | skip_if_text
+    suffix: str = DEFAULT_SUFFIX
+
+
+def pdf_name(base: str, suffix: str) -> str:
+    return outbox.fit_name(base, suffix)
+
+
+class SearchablePdf:
+    def __init__(self, settings: PdfSettings, pages: int, grounding: bool) -> None:
+        self.settings = settings
+        self.grounding = grounding
+        self.fonts = FontMap()
+        self.layers: list[PageLayer | None] = [None] * pages
+        self.written: str | None = None  # the name, once in the outbox
+        self.failed: str | None = None
+        self.pages: list[str] = []  # per page: what the layer did (textpdf.decide)
+
+    def page(self, index: int, out: PageOutput, width: int, height: int) -> None:
+        self.layers[index] = page_layer(self.fonts, out, width, height, self.grounding)
+
+    def write(self, folder: safefs.Dir, base: str, source: str, kind: str,
+              perms: outbox.Perms, existing: list[int] | None, log_: Any = log) -> None:
+        """Write BASE+suffix into folder from the document open at `source` (a
+        /proc/self/fd path); a failure is recorded, never raised (but BaseException)."""
+        name = pdf_name(base, self.settings.suffix)
+        layers = [layer or PageLayer("none", b"", 0) for layer in self.layers]
+
+        def fill(out: Any) -> None:
+            with open(source, "rb") as src:
+                if kind == "pdf":
+                    self.pages = textpdf.write_pdf_layers(
+                        src, out, layers, self.fonts, self.settings.text_layer, existing)
+                else:
+                    self.pages = textpdf.write_image_layers(src, out, layers, self.fonts)
+
+        try:
+            outbox.write_atomic_with(folder, name, fill, perms)
+        except Exception as e:  # noqa: BLE001 - any failure costs the PDF, not the Markdown
+            self.failed = _message(e)
+            self.pages = []
+            log_.warning("pdf_failed", output=name, error=self.failed)
+            return
+        self.written = name
+
+    def discard(self, folder: safefs.Dir) -> None:
+        """Remove the PDF this run wrote (the Markdown could not be written after all)."""
+        if self.written is not None:
+            try:
+                folder.unlink(self.written)
+            except OSError:
+                pass
+            self.written = None
+
+    def outputs(self) -> dict[str, Any]:
+        return {"pdf": self.written, "pdf_failed": self.failed}
+
+    def page_meta(self, index: int) -> dict[str, Any]:
+        """The page's `text_layer` for the sidecar: how its text was placed (words,
+        blocks, page: one box over the page for lack of geometry) and what happened
+        to it (none, kept_existing, replaced)."""
+        layer = self.layers[index]
+        done = self.pages[index] if self.written and index < len(self.pages) else "none"
+        return {"placement": layer.placement if layer is not None else "none",
+                "layer": done}
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return f"the PDF could not be written: {e.strerror or e}"
+    text = str(e).strip().splitlines()
+    detail = text[0] if text else type(e).__name__
+    return f"the PDF could not be made ({type(e).__name__}: {detail[:300]})"
+
+
+def same_folder(folder: safefs.Dir, path: str) -> bool:
+    """Whether `path` (a file given to `ocrd convert`) lies in `folder`."""
+    try:
+        st = os.stat(os.path.dirname(os.path.abspath(path)) or ".")
+    except OSError:
+        return False
+    here = os.fstat(folder.fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+async def finish(pdf: SearchablePdf, pool: Any, source: str, kind: str,
+                 folder: safefs.Dir, base: str, perms: outbox.Perms, metrics: Any,
+                 log_: Any = log) -> None:
+    """After the last page: count the text a PDF's pages already have (skip_if_text;
+    in a render worker, PDFium is not thread-safe), then write the PDF off the loop."""
+    import asyncio
+
+    existing = None
+    if kind == "pdf" and pdf.settings.text_layer == "skip_if_text":
+        try:
+            existing = await pool.call(textpdf.text_chars, source)
+        except Exception as e:  # noqa: BLE001 - unknown: the layer is added
+            log_.info("pdf_text_count_failed", error=str(e))
+    # Cancelled (the daemon stops) while the thread writes: let it finish, so that the
+    # caller's discard removes the PDF instead of a late rename leaving it behind.
+    writing = asyncio.ensure_future(asyncio.to_thread(pdf.write, folder, base, source,
+                                                      kind, perms, existing, log_))
+    try:
+        await asyncio.shield(writing)
+    except asyncio.CancelledError:
+        await asyncio.wait({writing})
+        raise
+    if pdf.failed is not None and metrics is not None:
+        metrics.pdf_failures.inc()
