@@ -1,9 +1,10 @@
 """Which way up a page is, by tesseract's orientation and script detection (`--psm 0`,
-the `osd` language data): an upside-down or sideways page read as it is gives hundreds
-of garbage words marked `ok`. The page is turned before it is read, and the turn is
-recorded per page in the sidecar (`rotation`).
+the `osd` language data): an upside-down page read as it lies gives hundreds of garbage
+words marked `ok`. The engine asks OSD only when a reading is doubtful (its words' mean
+confidence is low: tesseract_tsv.doubtful), turns the page and reads it again; the turn
+is recorded per page in the sidecar (`rotation`).
 
-OSD looks at character shapes, not at their size: it runs on a copy reduced to at most
+OSD looks at character shapes, not at their size: it runs on a copy reduced to about
 OSD_LONG_SIDE pixels, which costs a fraction of reading the page.
 """
 

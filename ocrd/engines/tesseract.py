@@ -82,20 +82,20 @@ class TesseractEngine(Engine):
     async def ocr(self, page: PageRequest) -> PageOutput:
         async with self._slots:
             started = time.time()
-            rotation = None
-            header, data = _pnm_parts(page)
-            if self.orientation:
-                rotation = await orientation.detect(self._tesseract, page,
-                                                    self.cfg.orientation_confidence)
-                if rotation:
-                    turned = orientation.turn(_image(page), rotation)
-                    header, data = _pnm_parts(replace(page, image=turned, rendered=None))
-            # TSV: the text and every word's box from one run (the searchable PDF's layer)
-            args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
-            if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
-                args += ["--dpi", str(round(page.dpi))]
-            out = await self._tesseract((header, data), [*args, "tsv"])
-        text, words = tesseract_tsv.parse(out.decode("utf-8", errors="replace"))
+            tsv = await self._read(page, _pnm_parts(page))
+            rotation = 0 if self.orientation else None
+            if self.orientation and tesseract_tsv.doubtful(tsv):
+                # an upside-down page reads as confident-less garbage (a sideways one
+                # tesseract reads as it lies): ask OSD, keep the better reading
+                angle = await orientation.detect(self._tesseract, page,
+                                                 self.cfg.orientation_confidence)
+                if angle:
+                    turned = replace(page, image=orientation.turn(_image(page), angle),
+                                     rendered=None)
+                    again = await self._read(page, _pnm_parts(turned))
+                    if tesseract_tsv.confidence(again) > tesseract_tsv.confidence(tsv):
+                        tsv, rotation = again, angle
+        text, words = tesseract_tsv.parse(tsv)
         text = _clean(text)
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
@@ -104,6 +104,15 @@ class TesseractEngine(Engine):
         return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
                           seconds=finished - started, started_at=started,
                           finished_at=finished, rotation=rotation, words=words)
+
+    async def _read(self, page: PageRequest, image: tuple[bytes, bytes | bytearray]) -> str:
+        """tesseract's TSV for the page: the text and every word's box from one run (the
+        searchable PDF's layer) and each word's confidence."""
+        args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
+        if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
+            args += ["--dpi", str(round(page.dpi))]
+        out = await self._tesseract(image, [*args, "tsv"])
+        return out.decode("utf-8", errors="replace")
 
     async def _tesseract(self, image: tuple[bytes, bytes | bytearray],
                          args: list[str]) -> bytes:
