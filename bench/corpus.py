@@ -115,13 +115,15 @@ def run_ocrd(path: Path, out: Path, jobs: int | None, checkout: Path) -> Run:
     return Run(True, wall, cpu, text, note)
 
 
-def run_ocrmypdf(path: Path, out: Path, jobs: int | None, binary: str) -> Run:
+def run_ocrmypdf(path: Path, out: Path, jobs: int | None, binary: str,
+                 omp_one: bool = False) -> Run:
     sidecar = out / (path.stem + ".txt")
     cmd = [binary, "--force-ocr", "--output-type", "pdf", "--sidecar", str(sidecar),
            "-l", "eng", str(path), str(out / (path.stem + ".pdf"))]
     if jobs:
         cmd[1:1] = ["-j", str(jobs)]
-    rc, wall, cpu, err = timed(cmd, dict(os.environ), out, 3600)
+    env = {**os.environ, **({"OMP_THREAD_LIMIT": "1"} if omp_one else {})}
+    rc, wall, cpu, err = timed(cmd, env, out, 3600)
     if rc != 0 or not sidecar.exists():
         last = [line for line in err.splitlines() if line.strip()][-1:] or [""]
         return Run(False, wall, cpu, note=f"exit {rc}: {last[0][:60]}")
@@ -177,6 +179,9 @@ def main() -> None:
                     help="the ocrmypdf program (default: on PATH; none: ocrd only)")
     ap.add_argument("--jobs", type=int, help="-j for both (default: their own)")
     ap.add_argument("--only", nargs="*", help="file names to run (default: all)")
+    ap.add_argument("--omp-one", action="store_true",
+                    help="OMP_THREAD_LIMIT=1 for OCRmyPDF's tesseract too, as ocrd sets it "
+                    "(by default tesseract's OpenMP threads oversubscribe a small machine)")
     args = ap.parse_args()
     checkout = Path(__file__).resolve().parent.parent
     files = sorted(p for p in args.folder.iterdir()
@@ -194,7 +199,8 @@ def main() -> None:
                 if who == "ocrd":
                     runs["ocrd"] = run_ocrd(path, out / "ocrd", args.jobs, checkout)
                 elif args.ocrmypdf:
-                    runs["om"] = run_ocrmypdf(path, out / "om", args.jobs, args.ocrmypdf)
+                    runs["om"] = run_ocrmypdf(path, out / "om", args.jobs, args.ocrmypdf,
+                                              args.omp_one)
             ocrd, om = runs["ocrd"], runs["om"]
             assert ocrd is not None
             row = Row(path.name, source, ocrd, om)
