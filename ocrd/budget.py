@@ -27,6 +27,11 @@ class MemoryBudget:
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = \
             collections.deque()
 
+    def resize(self, total: int) -> None:
+        """A reloaded `limits.memory_bytes`: pages already holding more keep it until done."""
+        self.total = total
+        self._wake()
+
     def _fits(self, n: int) -> bool:
         return self.used + n <= self.total or self.used == 0
 

@@ -145,6 +145,11 @@ class Converter:
         # Called when a page moves on or a document finishes (the scheduler's poke).
         self.on_progress: Callable[[], None] | None = None
 
+    def set_memory(self, memory_bytes: int) -> None:
+        """A reloaded memory budget: for pages rendered from now on."""
+        self.memory.resize(memory_bytes)
+        self.resolution = replace(self.resolution, page_budget=memory_bytes)
+
     def has_room(self) -> bool:
         """The engine could take more pages than are in it and on their way."""
         return self.slots.used + self.pending < self.slots.n

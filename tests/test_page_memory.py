@@ -83,6 +83,20 @@ def test_memory_budget_is_first_come_first_served() -> None:
     assert asyncio.run(scenario()) == ["big", "small"]
 
 
+def test_a_larger_budget_lets_waiting_pages_in() -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(100)
+        await Reservation(budget).reserve(80)
+        waiting = asyncio.create_task(Reservation(budget).reserve(50))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        budget.resize(200)  # a reload raised limits.memory_bytes
+        await asyncio.wait_for(waiting, 5)
+        assert budget.used == 130
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_wait_gives_nothing_away() -> None:
     async def scenario() -> None:
         budget = MemoryBudget(100)
