@@ -4,7 +4,7 @@ engine core (`bench.gpu_lp:BanEos`), never by ocrd in production.
 With dummy weights the output length would be up to chance; `BanEos` makes every page
 generate exactly max_tokens tokens, like `ignore_eos` does for the offline baseline (the
 daemon's requests have no ignore_eos field). The two `...IfAsked` classes let one engine
-hold vLLM's n-gram ban and ocrd's (ocrd/engines/ngram.py) and pick one per request
+hold vLLM's n-gram ban and ocrd's (ocrd/vllm_model/ngram.py) and pick one per request
 (extra_args["bench_ngram"]).
 """
 
@@ -17,7 +17,7 @@ import torch
 from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
 from vllm.v1.sample.logits_processor import LogitsProcessor
 
-from ocrd.engines.ngram import NGramBanLogitsProcessor, NoRepeatNGram
+from ocrd.vllm_model.ngram import NGramBanLogitsProcessor, NoRepeatNGram
 
 
 class BanEos(LogitsProcessor):

@@ -2,6 +2,7 @@
 # The GPU benchmark from one command, on the GPU machine, from the repository root:
 #     bash bench/gpu_run.sh                  # managed, inproc, offline, then the report
 #     bash bench/gpu_run.sh offline          # some phases only (EXTRA="--restart" etc.)
+#     bash bench/gpu_run.sh multi [ARGS]     # bench/gpu_multi.py ARGS: 1 vs 2 servers/GPU
 # The machine needs Python 3.12 + torch 2.11 (CUDA 13) and the carried bundle
 # .gpu-bundle/ (bench/gpu_bundle.sh builds it where pip works): vLLM 0.24.0 and the
 # wheels that machine lacks. Results: $OUT (default /tmp/gpu-out): results_*.json,
@@ -30,7 +31,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 DI="$W/site/ocrd_vllm_plugin-0.dist-info"
 mkdir -p "$DI"
 printf 'Metadata-Version: 2.1\nName: ocrd-vllm-plugin\nVersion: 0\n' > "$DI/METADATA"
-printf '[vllm.general_plugins]\nocrd_fast_encoder = ocrd.engines.vllm_plugin:register\n' \
+printf '[vllm.general_plugins]\nocrd_fast_encoder = ocrd.vllm_model.plugin:register\n' \
   > "$DI/entry_points.txt"
 export PYTHONPATH="$W/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1
@@ -39,6 +40,18 @@ echo "cores $(nproc); $(python3 -c 'import sys, torch; print(sys.version.split()
   | tee -a "$OUTD/gpu.txt"
 python3 bench/gpu.py model --work "$W/bench" || exit 1
 python3 bench/gpu_check.py "$W/bench/model" 2>&1 | grep "SERVE CHECK" || exit 1
+if [ "${1:-}" = multi ]; then  # bench/gpu_multi.py: 1 vs 2 servers per GPU (and GPUs)
+  shift
+  t0=$(date +%s)
+  timeout --kill-after=60 "${MULTI_LIMIT:-560}" python3 bench/gpu_multi.py --work "$W/bench" \
+    --out "$OUTD" "$@" > "$OUTD/log_multi.txt" 2>&1
+  echo "MULTI rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "^(ROW|\|)|Traceback|Error" "$OUTD/log_multi.txt" | cut -c1-900 | tail -n 30
+  python3 bench/gpu.py cleanup --work "$W/bench"
+  gzip -f "$OUTD"/daemon_multi_*.log 2>/dev/null
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  exit 0
+fi
 PHASES=${*:-managed inproc offline}
 for ph in $PHASES; do
   case $ph in

@@ -1,5 +1,6 @@
-"""What every benchmark needs: generated inputs, the daemon as a subprocess, and the
-resident memory of a process tree sampled from /proc.
+"""What every benchmark needs: generated inputs, the daemon as a subprocess (the tests'
+harness, tests/daemon_process.py, with the benchmarks' settings), and the resident memory
+of a process tree sampled from /proc.
 
 Inputs are generated (reportlab, Pillow) under bench/out/, never checked in. Page
 content comes from a fixed set of designs, so the same page image can be produced
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import signal
 import subprocess
@@ -23,9 +23,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.daemon_process import DaemonProcess as SharedDaemon  # noqa: E402
+from tests.daemon_process import wait_for as shared_wait_for  # noqa: E402
+
 OUT = ROOT / "bench" / "out"
 PAGE_DESIGNS = 40  # distinct page contents; page k of a document uses design k % 40
 
@@ -264,53 +268,25 @@ def daemon_config(root: Path, engine: dict, **top: Any) -> dict:
     }
 
 
-class DaemonProcess:
-    """`ocrd run` as a subprocess; its JSON log goes to root/daemon.log."""
+class DaemonProcess(SharedDaemon):
+    """`ocrd run` for one benchmark (tests/daemon_process.py, the tests' harness too);
+    its JSON log goes to root/daemon.log. A daemon that does not stop in time is killed
+    without complaint: the benchmark has measured what it came for."""
 
     def __init__(self, root: Path, config: dict) -> None:
-        self.root = root
-        self.config = config
+        super().__init__(root, config, cwd=ROOT)
         self.inbox = Path(config["inboxes"][0]["path"])
         self.outbox = Path(config["inboxes"][0]["outbox"])
         self.failed = Path(config["inboxes"][0]["failed"])
-        self.log_path = root / "daemon.log"
-        self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 120) -> DaemonProcess:
+    def start(self, wait_ready: bool = True, timeout: float = 120,
+              systemd: dict[str, str] | None = None) -> DaemonProcess:
         self.inbox.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.root / "config.yaml"
-        cfg_path.write_text(yaml.safe_dump(self.config))
-        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ocrd", "run", "-c", str(cfg_path)], cwd=ROOT,
-                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        wait_for(lambda: self.events("ready") or self.proc.poll() is not None, timeout,
-                 "the daemon to be ready")
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited early:\n{self.log_text()[-3000:]}")
+        super().start(wait_ready, timeout, systemd)
         return self
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def events(self, name: str | None = None) -> list[dict]:
-        out = []
-        for line in self.log_text().splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if name is None or ev.get("event") == name:
-                out.append(ev)
-        return out
+    def stop(self, timeout: float = 60, strict: bool = False) -> int:
+        return super().stop(timeout, strict)
 
     def wait_markdown(self, n: int, timeout: float, every: float = 0.05) -> list[float]:
         """wait_markdown() on the outbox, failing at once if the daemon dies. On a
@@ -335,16 +311,6 @@ class DaemonProcess:
             raise TimeoutError(f"{e}; daemon log ends:\n{self.log_text()[-6000:]}") from None
         return sorted(e.stat().st_mtime for e in markdown_files(self.outbox))
 
-    def stop(self, timeout: float = 60) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
     def __enter__(self) -> DaemonProcess:
         return self
 
@@ -358,14 +324,8 @@ def event_time(ev: dict) -> float:
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+    """pred()'s first true value, polled every `every` s; TimeoutError after `timeout`."""
+    return shared_wait_for(pred, timeout, what, every, error=TimeoutError)
 
 
 def markdown_files(folder: Path) -> list[os.DirEntry]:

@@ -1,4 +1,4 @@
-"""The n-gram ban's CPU cost per request and step: ocrd's index (ocrd/engines/ngram.py)
+"""The n-gram ban's CPU cost per request and step: ocrd's index (ocrd/vllm_model/ngram.py)
 against round 3's full window scan (bench/gpu_lp.py:FullScan), side by side.
 
     .venv/bin/python bench/ngram_micro.py
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_lp import FullScan  # noqa: E402
-from ocrd.engines.ngram import NoRepeatNGram  # noqa: E402
+from ocrd.vllm_model.ngram import NoRepeatNGram  # noqa: E402
 
 
 def per_step_us(kind: type, text: list[int], reps: int = 3) -> float:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
+from bench.remote_client import REMOTE_CASES  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 RESULTS_HEADER = """# Benchmark results
@@ -92,12 +93,18 @@ def summary(r: Result) -> str:
     if r.name.startswith("burst"):
         return (f"{d['files']} files, {d['files_per_s']} files/s, peak RSS "
                 f"{d['peak_rss_mb']} MB, exactly once: {d['exactly_once']}")
+    if r.name.startswith("remote_client"):
+        return (f"aiohttp vs old client: {d['best_per_s']['aiohttp']} vs "
+                f"{d['best_per_s']['old']} pages/s, {d['median_cpu_ms']['aiohttp']} vs "
+                f"{d['median_cpu_ms']['old']} client CPU ms a page (server "
+                f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
 
 
 CASES.update(CONSOLE_CASES)
+CASES.update(REMOTE_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     found = configfile.find(args.config)
     cfg = configfile.load(found)
     credentials.api_key(cfg.engine)  # a missing key file stops the start, not a page
+    _tls_files(cfg)
     log.setup(cfg.log.level, cfg.log.format)
     structlog.get_logger("ocrd.cli").info("config_read", path=str(found.path),
                                           origin=found.origin)
@@ -160,12 +161,25 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
             credentials.api_key(cfg.engine)
         except ConfigError as e:
             problems.append(str(e))
+    try:
+        _tls_files(cfg)
+    except ConfigError as e:
+        problems.append(str(e))
     for key, value in (("metrics.listen", cfg.metrics.listen), ("web.listen", cfg.web.listen)):
         if value is not None:
             problem = listen.bind_problem(listen.parse(value))
             if problem:
                 problems.append(f"{key} = {value!r}: {problem}")
     return problems
+
+
+def _tls_files(cfg: Config) -> None:
+    """ConfigError unless the engine's CA bundle and client certificate (when set) load."""
+    eng = cfg.engine
+    if eng.tls_ca_file is not None or eng.tls_cert_file is not None:
+        from .engines.http import tls_context
+
+        tls_context(eng)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Typed configuration, read from YAML and validated with pydantic.
 
 Every key is documented in config.example.yaml. Unknown keys are errors (a typo must not
-be silently ignored), and every error names the key and the offending value.
+be silently ignored), and every error names the key and the offending value. The
+`engine:` section's models live in engine_config.py.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from . import listen
-
-DEFAULT_MODEL = "deepseek-ai/DeepSeek-OCR-2"
+from .engine_config import EngineConfig, _Strict
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
 # scanner temp files. Matched against each path component (fnmatch, case-insensitive).
@@ -47,10 +47,6 @@ BUILTIN_IGNORE: tuple[str, ...] = (
 
 class ConfigError(Exception):
     """A configuration problem, phrased as one line that names the key and the value."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class InboxConfig(_Strict):
@@ -139,135 +135,6 @@ class InboxConfig(_Strict):
         if self.archive is not None:
             out["archive"] = self.archive
         return out
-
-
-class TesseractConfig(_Strict):
-    lang: str = "eng"
-    psm: int = Field(default=3, ge=0, le=13)
-    # tesseract processes at once; 0 = one per CPU core
-    workers: int = Field(default=0, ge=0)
-    timeout_seconds: float = Field(default=300.0, gt=0)
-    # a page read with little confidence is checked with tesseract's OSD and turned
-    orientation: bool = True
-    # OSD's confidence below which a page is read as it lies
-    orientation_confidence: float = Field(default=5.0, ge=0)
-
-
-class NGramConfig(_Strict):
-    """DeepSeek-OCR-2's anti-repetition logits processor (per request)."""
-
-    ngram_size: int = Field(default=30, ge=1)
-    window_size: int = Field(default=90, ge=1)
-    whitelist_token_ids: list[int] = Field(default_factory=lambda: [128821, 128822])
-
-
-class VllmConfig(_Strict):
-    dtype: str = "bfloat16"
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_model_len: int = Field(default=8192, ge=256)
-    max_num_seqs: int = Field(default=100, ge=1)
-    # Tokens one engine step may take in (decode + prefill of new pages, and the budget
-    # of page images encoded per step: ~1.1k tokens per A4 page). vLLM's offline default
-    # on large GPUs; `vllm serve` would default to 8192. 0: vLLM's default.
-    max_num_batched_tokens: int = Field(default=16384, ge=0)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    data_parallel_size: int = Field(default=1, ge=1)
-    # Front-end processes that prepare page images (one prepares ~5 A4 pages/s). 1: the
-    # engine runs inside ocrd. N > 1: ocrd starts and supervises a local
-    # `vllm serve --api-server-count N` and feeds it over HTTP (ocrd/engines/managed.py).
-    api_servers: int = Field(default=1, ge=1)
-    # api_servers > 1: the local server's port on 127.0.0.1; 0 = a free port.
-    server_port: int = Field(default=0, ge=0, le=65535)
-    # ocrd's DeepSeek-OCR-2 vision encoder path (on vLLM <= 0.24 with a vectorised
-    # attention mask; one host sync per step): 151 -> 60 ms of engine time per page on an
-    # H200 page by page, 36 ms batched (ocrd/engines/dsocr2_fast.py, bench/GPU_RESULTS.md).
-    # Needs ocrd installed with its entry points (pip install), which vLLM loads.
-    fast_encoder: bool = True
-    # With fast_encoder: encode the step's pages together, in padded calls of 8/4/2/1
-    # global views and 24/12/6/3 tiles (OCRD_VLLM_ENCODER_BUCKETS=0: always the full
-    # size, so a page's embeddings do not depend on the pages sharing its step). null:
-    # on where the model runs on a GPU, off on a CPU. false: vLLM's shapes, page by page
-    # (the same embeddings as vLLM's own code, to the bit).
-    batch_encoder: bool | None = None
-    # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
-    # with api_servers > 1 they become `vllm serve` flags (enforce_eager → --enforce-eager).
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-
-
-class SimulatedConfig(_Strict):
-    """A stand-in for a continuous-batching GPU engine, for benchmarks and tests: one
-    stepping loop decodes every active page at once; nothing is read or learned."""
-
-    # pages decoded together in one step; more wait in the engine's queue
-    max_batch: int = Field(default=16, ge=1)
-    # one step takes step_seconds + step_per_page_seconds × pages in the batch
-    step_seconds: float = Field(default=0.02, ge=0)
-    step_per_page_seconds: float = Field(default=0.001, ge=0)
-    # a page's prefill (its image) adds this much to the step it enters the batch in
-    prefill_seconds_per_megapixel: float = Field(default=0.005, ge=0)
-    # decode steps (output tokens) per page, varied by up to ± this fraction per page
-    # (deterministically, from the document and page number)
-    decode_steps: int = Field(default=24, ge=1)
-    decode_jitter: float = Field(default=0.5, ge=0, lt=1)
-    # pages the daemon keeps in flight with this engine; 0 = max_batch + 2, a small
-    # queue so that a freed batch place is refilled at the very next step
-    concurrency: int = Field(default=0, ge=0)
-    # answer every page at once (zero step time): measures the daemon's own overhead
-    instant: bool = False
-
-
-class TestingFaultsConfig(_Strict):
-    """Fault injection around any engine, for reliability tests only: every N-th page
-    (counted per daemon run) meets the fault; 0 turns it off."""
-
-    error_every: int = Field(default=0, ge=0)  # raises an error
-    hang_every: int = Field(default=0, ge=0)  # never answers (page timeout)
-    garbage_every: int = Field(default=0, ge=0)  # returns random characters
-    die_after: int = Field(default=0, ge=0)  # the engine dies after this many pages
-    unavailable_seconds: float = Field(default=0.0, ge=0)  # unreachable after start
-
-
-class EngineConfig(_Strict):
-    kind: Literal["auto", "vllm", "remote", "tesseract", "simulated"] = "auto"
-    # Hugging Face id or local path (vllm); served model name (remote).
-    model: str = DEFAULT_MODEL
-    # remote: base URLs of OpenAI-compatible servers, e.g. http://gpu1:8000/v1
-    urls: list[str] = Field(default_factory=list)
-    # remote: the servers' API key, inline, or (better) from a file or a systemd
-    # credential (ocrd/credentials.py); at most one of the three
-    api_key: str | None = None
-    api_key_file: Path | None = None
-    api_key_credential: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
-    # remote: pages each server decodes at once (its batch: `vllm serve --max-num-seqs`)
-    concurrency_per_url: int = Field(default=32, ge=1)
-    # remote: pages sent to each server beyond its batch, to wait in its queue, so that a
-    # place freed in the batch is refilled at the server's next step, not a round trip
-    # later (issue 14.7); 0 for a server that refuses more than its batch
-    queue_per_url: int = Field(default=2, ge=0)
-    request_timeout_seconds: float = Field(default=600.0, gt=0)
-    max_tokens: int = Field(default=8192, ge=1)
-    # a page whose output ends for length/repetition is retried this many extra times
-    # with tighter anti-repetition settings
-    loop_retries: int = Field(default=1, ge=0)
-    ngram: NGramConfig = Field(default_factory=NGramConfig)
-    vllm: VllmConfig = Field(default_factory=VllmConfig)
-    tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
-    simulated: SimulatedConfig = Field(default_factory=SimulatedConfig)
-    # TESTING ONLY (reliability tests; see TestingFaultsConfig): null in production
-    testing_faults: TestingFaultsConfig | None = None
-
-    @model_validator(mode="after")
-    def _remote_needs_urls(self) -> EngineConfig:
-        if self.kind == "remote" and not self.urls:
-            raise ValueError("kind is 'remote' but 'urls' is empty")
-        for url in self.urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"url {url!r} must start with http:// or https://")
-        given = [k for k, v in (("api_key", self.api_key), ("api_key_file", self.api_key_file),
-                                ("api_key_credential", self.api_key_credential)) if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"{' and '.join(given)} are both set; give the key one way")
-        return self
 
 
 class RenderConfig(_Strict):
@@ -414,7 +281,10 @@ class Config(_Strict):
             box.outbox = fix(box.outbox)  # type: ignore[assignment]
             box.failed = fix(box.failed)  # type: ignore[assignment]
             box.archive = fix(box.archive)
-        data.engine.api_key_file = fix(data.engine.api_key_file)
+        eng = data.engine
+        eng.api_key_file = fix(eng.api_key_file)
+        eng.tls_ca_file, eng.tls_cert_file, eng.tls_key_file = (
+            fix(eng.tls_ca_file), fix(eng.tls_cert_file), fix(eng.tls_key_file))
         return data
 
 

@@ -22,7 +22,7 @@ from . import outbox
 from .config import InboxConfig
 from .readiness import Tracker
 from .safefs import Dir
-from .watch import WORK_DIR_NAME, Entry, Ignore, Observers, entry_for, scan, watch_mode
+from .watch import WORK_DIR_NAME, Entry, Ignore, Observers, entry_for, scan, watch_method
 
 log = structlog.get_logger("ocrd.inboxes")
 
@@ -116,7 +116,7 @@ class Inboxes:
     # -- add, change, remove --------------------------------------------------------------
 
     def add(self, box: InboxConfig) -> Inbox:
-        watch = watch_mode(box)
+        watch = watch_method(box)
         inbox = Inbox(box, Ignore(box), Tracker(box.quiet_seconds, box.incomplete_seconds,
                                                 fast_close=watch == "inotify"),
                       watch, self.instance, perms_for(box, self.instance))
@@ -136,7 +136,7 @@ class Inboxes:
         inbox.tracker.incomplete = box.incomplete_seconds
         if rewatch:
             self.observers.unwatch(box.path)
-            inbox.watch = watch_mode(box)
+            inbox.watch = watch_method(box)
             inbox.tracker.fast_close = inbox.watch == "inotify"
             self._start_watch(inbox)
         inbox.next_scan = 0.0  # new ignore/include rules: look again now

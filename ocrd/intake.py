@@ -49,8 +49,8 @@ class Intake:
         self.stopping = False
         self._checks = asyncio.Semaphore(8)
         self._tasks: set[asyncio.Task] = set()
-        self.state_paused_until = 0.0
-        self._state_backoff = 0.0
+        self.journal_paused_until = 0.0
+        self._journal_backoff = 0.0
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
@@ -61,7 +61,7 @@ class Intake:
                                                 self.cfg.poll_seconds):
                 await self.inboxes.scan(inbox, self.metrics.rescans.inc)
             self.inboxes.apply_hints()
-            if self.engine_open.is_set() and now >= self.state_paused_until:
+            if self.engine_open.is_set() and now >= self.journal_paused_until:
                 for inbox in self.inboxes:
                     if inbox.taking_files(now):
                         for cand in inbox.tracker.due():
@@ -103,7 +103,7 @@ class Intake:
                 await self._check(inbox, cand)
         except JournalUnwritable as e:
             self._state_unwritable(e)
-            cand.next_check = self.state_paused_until  # nothing wrong with the file
+            cand.next_check = self.journal_paused_until  # nothing wrong with the file
         except Exception:  # noqa: BLE001 - a bug must not leave the file unreported
             log.exception("check_failed", file=cand.entry.relpath)
             inbox.tracker.recheck_later(cand)
@@ -192,7 +192,7 @@ class Intake:
                           "writable")
                 inbox.tracker.recheck_later(cand)
                 return
-            self._state_backoff = 0.0
+            self._journal_backoff = 0.0
             inbox.tracker.forget(entry.relpath)
             if item is not None:
                 item.claimed_at = time.time()
@@ -203,12 +203,12 @@ class Intake:
         The pause grows once per failed try, not once per check that met it (several
         run at a time)."""
         now = time.monotonic()
-        if now < self.state_paused_until:
+        if now < self.journal_paused_until:
             return
-        self._state_backoff = min(STATE_BACKOFF_SECONDS, max(1.0, self._state_backoff * 2))
-        self.state_paused_until = now + self._state_backoff
+        self._journal_backoff = min(STATE_BACKOFF_SECONDS, max(1.0, self._journal_backoff * 2))
+        self.journal_paused_until = now + self._journal_backoff
         self.claims.journal.make_room()
-        log.error("state_unwritable", error=str(e), retry_in=self._state_backoff,
+        log.error("state_unwritable", error=str(e), retry_in=self._journal_backoff,
                   hint="the state folder (journal) is full or read-only; ocrd claims no "
                   "file until it can record the claim")
 

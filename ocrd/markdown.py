@@ -152,7 +152,7 @@ def _parse_blocks(text: str) -> tuple[list[_Block], bool]:
     current = _Block(label=None)
     blocks.append(current)
     malformed = False
-    mode = "content"  # content | label | after_ref | det
+    inside = "content"  # where the parser is: content | label | after_ref | det
     buffer: list[str] = []
 
     def start_block(label: str | None) -> _Block:
@@ -179,24 +179,24 @@ def _parse_blocks(text: str) -> tuple[list[_Block], bool]:
         if piece == "<|grounding|>":
             continue  # the prompt's mode switch, echoed; carries nothing
 
-        if mode == "label":
+        if inside == "label":
             if not is_tag:
                 buffer.append(piece)
                 continue
             if piece == "<|/ref|>":
                 current = start_block(end_label())
-                mode = "after_ref"
+                inside = "after_ref"
                 continue
             malformed = True
             if piece == "<|det|>":  # "<|/ref|>" went missing
                 current = start_block(end_label())
-                mode = "det"
+                inside = "det"
             elif piece == "<|ref|>":  # the previous label never closed
                 end_label()
             # a stray "<|/det|>" inside a label is dropped
             continue
 
-        if mode == "det":
+        if inside == "det":
             if not is_tag:
                 buffer.append(piece)
                 continue
@@ -207,43 +207,43 @@ def _parse_blocks(text: str) -> tuple[list[_Block], bool]:
                     malformed = True
                 else:
                     current.boxes = boxes
-                mode = "content"
+                inside = "content"
                 continue
             malformed = True
             buffer.clear()
             if piece == "<|/ref|>":
                 continue
-            mode = "content"  # the det never closed; handle this tag as a fresh start
+            inside = "content"  # the det never closed; handle this tag as a fresh start
 
-        if mode == "after_ref":
+        if inside == "after_ref":
             if not is_tag:
                 if piece.strip():
                     malformed = True  # a block without a box: keep its text all the same
                     current.parts.append(piece)
-                    mode = "content"
+                    inside = "content"
                 continue
             if piece == "<|det|>":
-                mode = "det"
+                inside = "det"
                 continue
             malformed = True
-            mode = "content"
+            inside = "content"
 
-        # mode == "content"
+        # inside == "content"
         if not is_tag:
             current.parts.append(piece)
         elif piece == "<|ref|>":
-            mode = "label"
+            inside = "label"
         elif piece == "<|det|>":  # a box without a label
             malformed = True
             current = start_block(None)
-            mode = "det"
+            inside = "det"
         else:  # closing tag with nothing open
             malformed = True
 
-    if mode != "content":
+    if inside != "content":
         # Cut inside a label or a box: what was collected there is a tag fragment, not text.
         malformed = True
-        if mode == "label":
+        if inside == "label":
             end_label()
     return blocks, malformed
 

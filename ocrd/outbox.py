@@ -6,7 +6,9 @@ with O_EXCL, is fsynced, and gets its final name with a rename that replaces onl
 the caller knows the old entry is ocrd's own (the same document's earlier result). Moving
 an original in never replaces anything (`move_unique`). A mirrored subfolder whose name
 is taken by something that is not a folder gets the next free name (`x-2/`) instead of
-blocking the file.
+blocking the file. Also here: output names (fitted to NAME_MAX, held while being written:
+`Reservations`), error files beside failed originals, and the sweep of this daemon's
+temporaries after a crash.
 """
 
 from __future__ import annotations

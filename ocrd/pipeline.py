@@ -23,19 +23,8 @@ from typing import Any
 
 import structlog
 
-from . import (
-    __version__,
-    budget,
-    errors,
-    markdown,
-    names,
-    outbox,
-    pages,
-    pdfout,
-    records,
-    resolution,
-    safefs,
-)
+from . import __version__, budget, errors, names, outbox, pages, pdfout, records, safefs
+from . import resolution as resolutions
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -136,7 +125,7 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
-        self.resolution = resolution.choose(cfg.render, engine, cfg.limits.memory_bytes)
+        self.resolution = resolutions.choose(cfg.render, engine, cfg.limits.memory_bytes)
         # page images in flight, all documents together (ocrd/budget.py)
         self.memory = budget.MemoryBudget(cfg.limits.memory_bytes)
         # Pages on their way to the engine (rendering or waiting for a slot), plus one
@@ -226,9 +215,9 @@ class Converter:
             return await self.pool.call(
                 fn, src.path, info, i, self.resolution, self.cfg.limits.max_pixels)
 
-        # Grounding output is cropped for figures afterwards, so its engine's pages keep
-        # their image; other pages are held here only until the engine takes them.
-        keep_image = self.engine.output_format == "grounding"
+        # An engine whose output has figures has them cropped from the page afterwards,
+        # so its pages keep their image; others are held only until the engine takes them.
+        keep_image = self.engine.keeps_page_image
 
         # what the next page is likely to cost (the memory budget): an A4 page at first,
         # then what this document's last page cost
@@ -343,15 +332,11 @@ class Converter:
                            rendered: pages.RenderedPage, render_s: float, staging: Staging,
                            assets_link: str) -> dict:
         figures: list[str] = []
-        malformed = False
-        if self.engine.output_format == "grounding":
-            pm = markdown.grounding_to_markdown(out.text, image, i + 1, assets_link)
-            md, malformed = pm.markdown, pm.malformed
-            for fig in pm.figures:
-                await asyncio.to_thread(staging.add, fig.name, _png(fig.image))
-                figures.append(fig.name)
-        else:
-            md = markdown.text_to_markdown(out.text)
+        pm = self.engine.page_markdown(out.text, image, i + 1, assets_link)
+        md, malformed = pm.markdown, pm.malformed
+        for fig in pm.figures:
+            await asyncio.to_thread(staging.add, fig.name, _png(fig.image))
+            figures.append(fig.name)
         status = "ok"
         if out.degraded:
             status = "degraded"
@@ -397,7 +382,7 @@ class Converter:
             "source": records.source(src.name, src.inbox, os.fstat(src.fd).st_size,
                                      src.sha256, info),
             "engine": self.engine.describe(),
-            "prompt": src.prompt_mode if self.engine.output_format == "grounding" else None,
+            "prompt": src.prompt_mode if self.engine.follows_prompt else None,
             "page_count": info.pages,
             "status": "degraded" if degraded else "ok",
             "degraded_pages": degraded,

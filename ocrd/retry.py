@@ -1,5 +1,5 @@
 """Retry: a failed original goes back into its inbox, under its original relative path,
-and the daemon takes it in again through its normal intake (gate, claim, convert).
+and the daemon takes it in again through its normal intake (readiness, claim, convert).
 
 Nothing here talks to a daemon, so `ocrd retry` works whether one runs or not. The file
 is moved (never copied over anything: a taken name gets `-2`, `-3` …), its `.error.json`

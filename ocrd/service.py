@@ -7,7 +7,7 @@ SIGTERM/SIGINT ask for a graceful stop (no new claims, pages in flight finish wi
 the drain timeout, the rest stay claimed for the next start); a second one forces it.
 SIGHUP reloads the inbox settings without touching the engine.
 
-The parts that do the work are made once, in `Parts.build`, and each lives in its own
+The parts that do the work are made once, in `Parts.build` (parts.py), and each lives in its own
 module, in the order a file meets them: intake.py (scans, hints, the readiness check) →
 claims.py → schedule.py → jobs.py → pipeline.py → outcomes.py; recovery.py at start;
 notify.py for systemd.
@@ -21,95 +21,24 @@ import faulthandler
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from . import __version__, errors, names, pages
-from .claims import Claims, Item
 from .config import Config, ConfigError, load_config
 from .engines import create_engine
 from .engines.base import Engine
-from .inboxes import Inbox, Inboxes
-from .intake import Intake
-from .jobs import Jobs
+from .inboxes import Inbox
 from .layout import layout_problems
 from .metrics import HealthServer, Metrics
 from .notify import Heartbeat, Liveness, Notifier
-from .outcomes import Outcomes
-from .pipeline import Converter
+from .parts import Parts
 from .recovery import Recovery, prepare_inbox
-from .schedule import FairSlots, Scheduler
-from .state import State, StateError
+from .state import StateError, StateFolder
 from .web import Console, InboxLive, Live, LiveStatus
 
 log = structlog.get_logger("ocrd.service")
-
-
-@dataclass
-class Parts:
-    """Everything that works while the daemon runs, made once, in one place."""
-
-    state: State
-    engine: Engine
-    slots: FairSlots
-    converter: Converter
-    scheduler: Scheduler
-    outcomes: Outcomes
-    jobs: Jobs
-    inboxes: Inboxes
-    intake: Intake
-
-    @classmethod
-    def build(cls, daemon: Daemon, state: State, engine: Engine,
-              pools: tuple[pages.RenderPool, pages.RenderPool]) -> Parts:
-        cfg = daemon.cfg
-        in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
-        slots = FairSlots(in_flight)
-        converter = Converter(cfg, engine, pools[0], slots, metrics=daemon.metrics,
-                              liveness=daemon.liveness,
-                              previews=daemon.console.previews if daemon.console else None)
-        parts: Parts
-
-        def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first
-            parts.submit(item)
-
-        outcomes = Outcomes(state.journal, daemon.metrics, resubmit=submit)
-        jobs = Jobs(cfg, state.journal, converter, outcomes, engine_dead=daemon.engine_dead)
-        # Beyond max_active_documents, documents start while the engine has room (see
-        # schedule.py), at most one per page slot more.
-        scheduler = Scheduler(jobs.run, cfg.schedule.max_active_documents,
-                              cfg.schedule.batch_window_seconds, room=converter.has_room,
-                              room_limit=cfg.schedule.max_active_documents + in_flight)
-        converter.on_progress = scheduler.poke
-        inboxes = Inboxes(state.instance, is_kept=outcomes.is_kept)
-        intake = Intake(cfg, inboxes, Claims(state.journal, daemon.metrics), pools[1],
-                        submit, converter.gate.open, daemon.metrics,
-                        daemon.liveness.loop_turned)
-        parts = cls(state, engine, slots, converter, scheduler, outcomes, jobs, inboxes,
-                    intake)
-        return parts
-
-    def submit(self, item: Item, exclusive: bool = False) -> None:
-        """Queue a claimed file (exclusive: converted alone, a crash suspect)."""
-        self.scheduler.submit(item, item.info.pixels if item.info else 0, exclusive)
-        item.order = self.scheduler.order_of(item)
-
-    def apply(self, cfg: Config) -> None:
-        """A reloaded configuration (its engine and render settings kept: those need a
-        restart). The one place where settings reach the running parts."""
-        self.converter.cfg = self.jobs.cfg = self.intake.cfg = cfg
-        self.converter.set_memory(cfg.limits.memory_bytes)
-        in_flight = cfg.schedule.pages_in_flight or self.slots.n
-        self.slots.resize(in_flight)
-        self.scheduler.max_active = cfg.schedule.max_active_documents
-        self.scheduler.room_limit = cfg.schedule.max_active_documents + self.slots.n
-        self.scheduler.poke()  # a larger max_active may let queued documents start now
-
-    def status_line(self, rate: float) -> str:
-        return (f"queue {self.scheduler.queued}, converting {len(self.scheduler.active)} "
-                f"file(s), {self.slots.used} page(s) in flight, {rate:.2f} pages/s")
 
 
 class Daemon:
@@ -127,7 +56,7 @@ class Daemon:
         self.health: HealthServer | None = None
         self.console: Console | None = None  # the web console (ocrd/web/)
         self.heartbeat: Heartbeat | None = None
-        self.state: State | None = None
+        self.state_folder: StateFolder | None = None
         self.pools: tuple[pages.RenderPool, pages.RenderPool] | None = None
         self.parts: Parts | None = None
         self._stop = asyncio.Event()
@@ -183,7 +112,7 @@ class Daemon:
 
     async def startup(self) -> None:
         cfg = self.cfg
-        self.state = state = State.open(cfg.state_dir)
+        self.state_folder = state_folder = StateFolder.open(cfg.state_dir)
         self._start_health()
         self.console = Console.start(cfg, LiveStatus(asyncio.get_running_loop(), self._live))
         self.notifier.send("STATUS=starting the render workers")
@@ -198,11 +127,11 @@ class Daemon:
         if self.should_exit:
             return
         self.metrics.engine_ready.set(1)
-        self.parts = parts = Parts.build(self, state, self.engine, self.pools)
+        self.parts = parts = Parts.build(self, state_folder, self.engine, self.pools)
         for box in cfg.inboxes:
             await self._prepare(parts.inboxes.add(box))
-        recovery = Recovery(state.journal, parts.inboxes.by_path, parts.outcomes,
-                            state.folder, state.fresh)
+        recovery = Recovery(state_folder.journal, parts.inboxes.by_path, parts.outcomes,
+                            state_folder.path, state_folder.fresh)
         for resume in await recovery.run():
             parts.submit(resume.item, resume.exclusive)
         if self.should_exit:
@@ -225,9 +154,9 @@ class Daemon:
     async def _prepare(self, inbox: Inbox) -> None:
         """A new inbox: its work area marked as this daemon's, and what a crash of this
         daemon left in its destinations swept away (recovery.py)."""
-        assert self.state is not None
+        assert self.state_folder is not None
         self._tasks.append(asyncio.create_task(asyncio.to_thread(
-            prepare_inbox, inbox, self.state.folder), name="prepare-inbox"))
+            prepare_inbox, inbox, self.state_folder.path), name="prepare-inbox"))
 
     async def _start_engine(self) -> None:
         """Load the engine; while it loads (minutes for a real model) keep extending
@@ -293,12 +222,12 @@ class Daemon:
             self.health.stop()
         if self.console is not None:
             self.console.stop()
-        if self.state is not None:
+        if self.state_folder is not None:
             with contextlib.suppress(Exception):
-                left = self.state.journal.counts()
+                left = self.state_folder.journal.counts()
                 log.info("stopped", left_claimed=sum(left.get(s, 0) for s in
                                                      ("claimed", "converting", "finishing")))
-            self.state.journal.close()
+            self.state_folder.journal.close()
 
     async def _drain(self, parts: Parts) -> None:
         """No new claims; pages in flight finish within drain_timeout_seconds (0: stop
@@ -340,7 +269,7 @@ class Daemon:
 
     async def reload(self) -> None:
         parts = self.parts
-        assert parts is not None and self.state is not None
+        assert parts is not None and self.state_folder is not None
         self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             if self.config_path is None:
@@ -379,14 +308,14 @@ class Daemon:
         """The console's view of what only the daemon knows (ocrd/web/live.py); runs on
         this loop, called through LiveStatus from the console's thread."""
         parts, engine, now = self.parts, self.engine, time.monotonic()
-        state = "stopping" if self.should_exit else "ready" if self.ready else "starting"
+        life = "stopping" if self.should_exit else "ready" if self.ready else "starting"
         kind, model = (engine.kind, engine.model) if engine else \
             (self.cfg.engine.kind, self.cfg.engine.model)
         if parts is None:  # the engine is still loading
-            return Live(state, kind, model, False, 0, 0.0, 0, 0, 0, version=__version__)
+            return Live(life, kind, model, False, 0, 0.0, 0, 0, 0, version=__version__)
         return Live(
-            state=state, engine_kind=kind, engine_model=model,
-            engine_ready=state == "ready" and parts.converter.gate.open.is_set(),
+            state=life, engine_kind=kind, engine_model=model,
+            engine_ready=life == "ready" and parts.converter.gate.open.is_set(),
             pages_done=parts.outcomes.done_pages,
             pages_per_second=self.heartbeat.rate(now) if self.heartbeat else 0.0,
             pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,

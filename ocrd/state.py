@@ -24,14 +24,16 @@ class StateError(Exception):
 
 
 @dataclass
-class State:
-    folder: Path
+class StateFolder:
+    """The open state folder (`state_dir`): this daemon's instance id and journal."""
+
+    path: Path
     instance: str
     journal: Journal
     fresh: bool  # the journal is new (first start, lost or damaged): adopt work areas
 
     @classmethod
-    def open(cls, folder: Path) -> State:
+    def open(cls, folder: Path) -> StateFolder:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             existed = (folder / JOURNAL_NAME).exists()

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
+from daemon_process import DaemonProcess
+from daemon_process import wait_for as wait_for  # the tests take it from here
 
 from bench.corpus import recall as word_recall
 
@@ -69,17 +64,6 @@ def recall(expected: list[str], got: str) -> float:
     return word_recall(words(" ".join(expected)), words(got)) or 0.0
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
 def without_read_override() -> list[str]:
     """A command prefix under which this user cannot read a file the file's mode denies
     it: nothing for an ordinary user; for root, setpriv dropping CAP_DAC_OVERRIDE and
@@ -99,24 +83,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Daemon:
-    """`ocrd run` as a real subprocess, with its JSON log captured to a file."""
+class Daemon(DaemonProcess):
+    """`ocrd run` as a real subprocess (daemon_process.py), with the tests' defaults: one
+    inbox under root, tesseract, quick rescans, debug logs, /metrics on a free port."""
 
     def __init__(self, root: Path, inboxes: list[dict] | None = None,
                  engine: dict | None = None, env: dict | None = None,
                  prefix: list[str] | None = None, **top: Any) -> None:
         """`prefix`: a command that runs the daemon (e.g. setpriv with fewer
         capabilities)."""
-        self.root = root
-        self.prefix = prefix or []
         self.inbox = root / "inbox"
         self.outbox = root / "outbox"
         self.failed = root / "failed"
         self.archive = root / "archive"
-        for d in (self.inbox,):
-            d.mkdir(parents=True, exist_ok=True)
+        self.inbox.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.config = {
+        config = {
             "state_dir": str(root / "state"),
             "rescan_seconds": 5,
             "poll_seconds": 0.5,
@@ -133,52 +115,12 @@ class Daemon:
             }],
             **top,
         }
-        self.env = env or {}
-        self.proc: subprocess.Popen | None = None
-        self.log_path = root / "daemon.log"
-        self.config_path = root / "config.yaml"
-        self._log_offset = 0
+        super().__init__(root, config, env=env, prefix=prefix)
 
-    def write_config(self) -> None:
-        self.config_path.write_text(yaml.safe_dump(self.config))
-
-    def start(self, wait_ready: bool = True, timeout: float = 60) -> Daemon:
-        self.write_config()
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        logf = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        env = {**os.environ, **self.env}
-        env.pop("NOTIFY_SOCKET", None)
-        self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "ocrd", "run", "-c", str(self.config_path)],
-            stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        logf.close()
-        if wait_ready:
-            wait_for(lambda: self.event("ready") or self._died(), timeout, "daemon ready")
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited early:\n{self.log_text()[-3000:]}")
+    def start(self, wait_ready: bool = True, timeout: float = 60,
+              systemd: dict[str, str] | None = None) -> Daemon:
+        super().start(wait_ready, timeout, systemd)
         return self
-
-    def _died(self) -> bool:
-        return self.proc is not None and self.proc.poll() is not None
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def events(self, name: str | None = None, since_start: bool = True) -> list[dict]:
-        text = self.log_text()
-        if since_start:
-            text = text.encode()[self._log_offset:].decode(errors="replace")
-        out = []
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("{"):
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if name is None or ev.get("event") == name:
-                    out.append(ev)
-        return out
 
     def metric(self, name: str) -> float | None:
         """One unlabelled sample of the daemon's /metrics (None if not there)."""
@@ -195,36 +137,8 @@ class Daemon:
                 return float(line.split()[1])
         return None
 
-    def event(self, name: str) -> dict | None:
-        evs = self.events(name)
-        return evs[-1] if evs else None
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError("daemon did not stop within the timeout") from None
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
     def __enter__(self) -> Daemon:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.stop()
-        finally:
-            self.kill()
 
 
 def drop(src: Path, dest: Path) -> Path:

@@ -11,8 +11,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -118,14 +116,8 @@ def environ_of(pid: int) -> dict[str, str]:
 
 def start_notified(d: Daemon, notify: NotifySocket, watchdog_usec: int = 2_000_000) -> None:
     """`ocrd run` as systemd starts it: NOTIFY_SOCKET and WATCHDOG_USEC set."""
-    d.write_config()
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path),
-           "WATCHDOG_USEC": str(watchdog_usec)}
-    env.pop("WATCHDOG_PID", None)
-    with open(d.log_path, "ab") as logf:
-        d.proc = subprocess.Popen([sys.executable, "-m", "ocrd", "run", "-c",
-                                   str(d.config_path)], stdout=logf, stderr=subprocess.STDOUT,
-                                  env=env, start_new_session=True)
+    d.start(wait_ready=False, systemd={"NOTIFY_SOCKET": str(notify.path),
+                                       "WATCHDOG_USEC": str(watchdog_usec)})
 
 
 def test_notify_sequence_reload_stop_and_no_leak_to_children(tmp_path: Path) -> None:

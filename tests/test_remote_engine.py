@@ -2,9 +2,11 @@
 
 The servers are faked (asyncio on 127.0.0.1) because a real vLLM server needs the vLLM
 venv; tests/vllm_engine/test_vllm_remote.py runs the same engine against a real one. The fake
-answers /v1/models and /v1/chat/completions with vLLM's JSON shapes, takes time per page,
-answers 503 above its concurrency limit (as vLLM's admission control does), notices
-clients that hang up, and can loop or refuse on demand. Also covers the shared loop-retry
+answers /health, /v1/models and /v1/chat/completions with vLLM's JSON shapes, keeps
+connections open between requests unless asked to close them (as uvicorn does), takes
+time per page, answers 503 above its concurrency limit (as vLLM's admission control
+does), notices clients that hang up, speaks TLS when given a context, and can loop or
+refuse on demand. Also covers the shared loop-retry
 logic in ocrd/engines/_loops.py.
 """
 
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +27,7 @@ import pytest
 from PIL import Image
 
 from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines import _loops, remote
+from ocrd.engines import _loops, deepseek_ocr2, remote
 from ocrd.engines.base import PageRequest
 from ocrd.engines.remote import RemoteEngine, RemoteRequestError, chat_text
 from ocrd.errors import EngineUnavailable
@@ -43,55 +47,79 @@ class FakeVllm:
     loop_above_ngram: int | None = None  # loop ("length") while ngram_size > this
     text: str = "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\nHello"
     port: int = 0
+    model: str = MODEL
+    tls: ssl.SSLContext | None = None  # https with this server context
     in_flight: int = 0
     max_in_flight: int = 0
     served: int = 0
     rejected: int = 0
     disconnects: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    connections: int = 0  # accepted (TLS handshakes that failed included)
     _server: asyncio.Server | None = None
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
 
     async def start(self) -> FakeVllm:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port,
+                                                  ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:
-        """Stop listening: new connections are refused from now on."""
+        """Stop, as a server that exits does: new connections are refused from now on,
+        and open ones are closed."""
         if self._server is not None:
             self._server.close()
             self._server = None
+        for writer in list(self._writers):
+            writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(writer)
         try:
-            request_line = (await reader.readline()).decode()
-            method, path, _ = request_line.split(" ", 2)
-            headers = {}
-            while (line := (await reader.readline()).decode().strip()):
-                k, _, v = line.partition(":")
-                headers[k.strip().lower()] = v.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            status, answer = await self._answer(method, path, body, reader)
-            if status is None:
-                return  # the client hung up
-            data = json.dumps(answer).encode()
-            writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
-                         f"content-length: {len(data)}\r\nconnection: close\r\n\r\n"
-                         .encode() + data)
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+            while await self._exchange(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, ValueError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> bool:
+        """One request and its answer; whether the connection stays open for the next."""
+        request_line = (await reader.readline()).decode()
+        if not request_line:
+            return False  # the client closed an idle connection
+        method, path, _ = request_line.split(" ", 2)
+        headers = {}
+        while (line := (await reader.readline()).decode().strip()):
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        status, answer = await self._answer(method, path, body, reader)
+        if status is None:
+            return False  # the client hung up
+        keep = headers.get("connection", "").lower() != "close"
+        data = json.dumps(answer).encode()
+        writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                     f"content-length: {len(data)}\r\n"
+                     f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
+                     .encode() + data)
+        await writer.drain()
+        return keep
 
     async def _answer(self, method: str, path: str, body: bytes,
                       reader: asyncio.StreamReader) -> tuple[int | None, dict]:
+        if method == "GET" and path == "/health":
+            return 200, {}
         if method == "GET" and path == "/v1/models":
-            return 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
         if method != "POST" or path != "/v1/chat/completions":
             return 404, {"error": {"message": f"no route {path}"}}
         payload = json.loads(body)
@@ -113,7 +141,9 @@ class FakeVllm:
             if done:
                 self.disconnects += 1
                 return None, {}
-            hangup.cancel()
+            hangup.cancel()  # and wait for it: the next request is read on this stream
+            with contextlib.suppress(asyncio.CancelledError):
+                await hangup
         finally:
             self.in_flight -= 1
         self.served += 1
@@ -122,7 +152,7 @@ class FakeVllm:
                    and xargs.get("ngram_size", 0) > self.loop_above_ngram)
         text, reason = (LOOP_TEXT, "length") if looping else (self.text, "stop")
         return 200, {
-            "id": f"chatcmpl-{self.served}", "object": "chat.completion", "model": MODEL,
+            "id": f"chatcmpl-{self.served}", "object": "chat.completion", "model": self.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": reason}],
             "usage": {"prompt_tokens": 1146, "completion_tokens": 42 if not looping else 8192,
@@ -159,6 +189,7 @@ def test_request_is_vllms_chat_format() -> None:
         engine = RemoteEngine(config(server.url, max_tokens=1234))
         await engine.start()
         out = await engine.ocr(page(size=(640, 480)))
+        await engine.close()
         await server.stop()
         return out, server.requests[0]
 
@@ -192,6 +223,7 @@ def test_pages_spread_across_two_servers_within_their_limits() -> None:
         a, b = await FakeVllm(latency=0.2).start(), await FakeVllm(latency=0.2).start()
         engine = RemoteEngine(config(a.url, b.url, concurrency_per_url=3, queue_per_url=0))
         outs = await asyncio.gather(*(engine.ocr(page(i)) for i in range(12)))
+        await engine.close()
         await a.stop()
         await b.stop()
         return a, b, engine, outs
@@ -209,6 +241,7 @@ def test_per_server_limit_is_respected() -> None:
         server = await FakeVllm(latency=0.1, limit=2).start()  # 503 above 2
         engine = RemoteEngine(config(server.url, concurrency_per_url=2, queue_per_url=0))
         await asyncio.gather(*(engine.ocr(page(i)) for i in range(8)))
+        await engine.close()
         await server.stop()
         return server
 
@@ -239,6 +272,7 @@ def test_503_is_retried_with_backoff(fast_backoff: None) -> None:
         engine = RemoteEngine(config(server.url))
         t0 = time.monotonic()
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return server, out, time.monotonic() - t0
 
@@ -258,7 +292,9 @@ def test_every_server_unreachable_is_engine_unavailable(fast_backoff: None) -> N
             error = None
         except Exception as e:
             error = e
-        return error, time.monotonic() - t0, await engine.health()
+        seconds, healthy = time.monotonic() - t0, await engine.health()
+        await engine.close()
+        return error, seconds, healthy
 
     error, seconds, healthy = asyncio.run(run())
     assert isinstance(error, EngineUnavailable)  # not a page failure
@@ -275,6 +311,8 @@ def test_default_backoff_gives_up_within_seconds() -> None:
             await engine.ocr(page())
         except EngineUnavailable as e:
             return e, time.monotonic() - t0
+        finally:
+            await engine.close()
         return None, time.monotonic() - t0
 
     error, seconds = asyncio.run(run())
@@ -287,6 +325,7 @@ def test_a_dead_server_is_skipped_for_a_live_one(fast_backoff: None) -> None:
         live = await FakeVllm().start()
         engine = RemoteEngine(config(f"http://127.0.0.1:{closed_port()}/v1", live.url))
         outs = [await engine.ocr(page(i)) for i in range(4)]
+        await engine.close()
         await live.stop()
         return live, outs
 
@@ -307,6 +346,7 @@ def test_server_comes_back_after_being_down(fast_backoff: None) -> None:
             first = type(e)
         server = await FakeVllm(port=server.port).start()  # same address, restarted
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return first, out.text
 
@@ -323,6 +363,7 @@ def test_bad_request_fails_the_page_and_bad_config_pauses() -> None:
         except Exception as e:
             return e
         finally:
+            await engine.close()
             await server.stop()
         raise AssertionError("no error")
 
@@ -337,7 +378,9 @@ def test_start_refuses_a_model_the_servers_do_not_serve() -> None:
             with pytest.raises(ConfigError, match="not served"):
                 await RemoteEngine(config(server.url).model_copy(
                     update={"model": "other-model"})).start()
-            assert await RemoteEngine(config(server.url)).health() is True
+            engine = RemoteEngine(config(server.url))
+            assert await engine.health() is True
+            await engine.close()
         finally:
             await server.stop()
 
@@ -349,6 +392,7 @@ def test_loop_is_retried_with_tighter_settings() -> None:
         server = await FakeVllm(loop_above_ngram=20).start()  # loops at ngram 30, not 15
         engine = RemoteEngine(config(server.url, loop_retries=2))
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return server, out
 
@@ -366,6 +410,7 @@ def test_a_page_that_always_loops_is_kept_degraded() -> None:
         server = await FakeVllm(loop_above_ngram=0).start()  # loops whatever the settings
         engine = RemoteEngine(config(server.url, loop_retries=2))
         out = await engine.ocr(page())
+        await engine.close()
         await server.stop()
         return out
 
@@ -410,6 +455,7 @@ def test_cancelled_page_hangs_up_on_the_server() -> None:
         deadline = time.monotonic() + 5
         while server.disconnects < 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        await engine.close()
         await server.stop()
         return server, engine
 
@@ -430,10 +476,10 @@ def test_trim_loop_cuts_repeated_tails_only() -> None:
 
 
 def test_retry_settings_tighten() -> None:
-    from ocrd.config import NGramConfig
+    from ocrd.engine_config import NGramConfig
 
     ngram = NGramConfig()
-    settings = [_loops.attempt_settings(ngram, n) for n in (1, 2, 3, 4, 5)]
+    settings = [deepseek_ocr2.attempt_settings(ngram, n) for n in (1, 2, 3, 4, 5)]
     assert [(s.ngram_size, s.window_size) for s in settings] == [
         (30, 90), (15, 180), (7, 360), (4, 720), (4, 1024)]
     assert not settings[0].repetition_detection

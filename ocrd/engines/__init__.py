@@ -60,8 +60,8 @@ def _create(cfg: EngineConfig) -> Engine:
 
         return TesseractEngine(cfg)
     if kind == "vllm":
-        if cfg.vllm.api_servers > 1:
-            # several front-end processes: a local `vllm serve` that ocrd supervises
+        if cfg.vllm.managed:
+            # several front ends, servers or GPUs: local `vllm serve` that ocrd supervises
             from .managed import ManagedServerEngine
 
             return ManagedServerEngine(cfg)

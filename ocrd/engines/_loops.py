@@ -3,8 +3,9 @@
 DeepSeek-OCR-2 sometimes loops on a phrase until `max_tokens` ("length"), or vLLM's
 repetition detector stops it ("repetition"). Both engines that talk to the model (local
 vLLM and remote `vllm serve`) run every page through `convert_with_retries`, which asks
-again with tighter anti-repetition settings and, if no try ends normally, returns the
-longest text without its looping tail, marked as degraded instead of failing the page.
+again with tighter anti-repetition settings (`deepseek_ocr2.attempt_settings`) and, if
+no try ends normally, returns the longest text without its looping tail, marked as
+degraded instead of failing the page.
 """
 
 from __future__ import annotations
@@ -13,74 +14,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ocrd.config import EngineConfig, NGramConfig
+from ocrd.config import EngineConfig
 from ocrd.engines.base import PageOutput
+from ocrd.engines.deepseek_ocr2 import AttemptSettings, attempt_settings
 
-# Floor for the tightened n-gram size: banning every repeated 3-gram would garble
-# ordinary prose ("of the ...").
-MIN_NGRAM_SIZE = 4
-# Window never grows past this many tokens (the processor scans it on every token).
-MAX_WINDOW_SIZE = 1024
-# vLLM's repetition detector (>= 0.19), used on retries only: a block of up to this many
-# tokens repeated this many times in a row ends the request early. Retries only, because
-# legitimately repetitive pages (empty table cells, dotted leaders) must not be cut on the
-# first try.
-REPETITION_MAX_PATTERN_TOKENS = 256
-REPETITION_MIN_COUNT = 8
 # Looping tails are found with periods up to this many characters (long table rows).
 MAX_LOOP_PERIOD_CHARS = 2000
 # A tail counts as a loop when its pattern occurs at least this often and the copies
 # after the first add up to at least this many characters.
 MIN_LOOP_COPIES = 3
 MIN_LOOP_CHARS = 16
-
-
-@dataclass(frozen=True)
-class AttemptSettings:
-    """Anti-repetition settings for one try at a page (1-based `attempt`)."""
-
-    attempt: int
-    ngram_size: int
-    window_size: int
-    whitelist_token_ids: tuple[int, ...]
-    # ask vLLM to stop a looping request early, where it supports that
-    repetition_detection: bool = False
-
-    def extra_args(self) -> dict[str, object]:
-        """Per-request arguments of DeepSeek-OCR's NGramPerReqLogitsProcessor."""
-        return {
-            "ngram_size": self.ngram_size,
-            "window_size": self.window_size,
-            "whitelist_token_ids": list(self.whitelist_token_ids),
-        }
-
-    def repetition_params(self) -> dict[str, int] | None:
-        """Fields of vLLM's RepetitionDetectionParams, or None on the first try."""
-        if not self.repetition_detection:
-            return None
-        return {
-            "max_pattern_size": REPETITION_MAX_PATTERN_TOKENS,
-            "min_pattern_size": 1,
-            "min_count": REPETITION_MIN_COUNT,
-        }
-
-
-def attempt_settings(ngram: NGramConfig, attempt: int) -> AttemptSettings:
-    """The configured settings on the first try, tighter on each retry.
-
-    The processor bans a token that would repeat an n-gram seen in the last `window`
-    tokens, so it breaks loops whose period is at most window - ngram + 1. A smaller
-    n-gram and a *larger* window both catch more loops (a smaller window would let
-    longer loops through), hence n-gram halves and the window doubles per retry.
-    """
-    if attempt <= 1:
-        return AttemptSettings(1, ngram.ngram_size, ngram.window_size,
-                               tuple(ngram.whitelist_token_ids))
-    shift = attempt - 1
-    size = max(min(MIN_NGRAM_SIZE, ngram.ngram_size), ngram.ngram_size >> shift)
-    window = max(ngram.window_size, min(MAX_WINDOW_SIZE, ngram.window_size << shift))
-    return AttemptSettings(attempt, size, window, tuple(ngram.whitelist_token_ids),
-                           repetition_detection=True)
 
 
 @dataclass

@@ -14,13 +14,11 @@ from typing import Any, Literal
 
 from PIL import Image
 
-PromptMode = Literal["markdown", "text", "custom"]
+from ocrd.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
 
-# Prompts of DeepSeek-OCR-2's published recipe (plain text, no chat template).
-PROMPTS: dict[str, str] = {
-    "markdown": "<image>\n<|grounding|>Convert the document to markdown. ",
-    "text": "<image>\nFree OCR. ",
-}
+# What the inbox asked for; engines with a prompt (DeepSeek-OCR-2: deepseek_ocr2.prompt)
+# turn it into theirs, the others ignore it.
+PromptMode = Literal["markdown", "text", "custom"]
 
 
 @dataclass(frozen=True)
@@ -36,13 +34,6 @@ class PageRequest:
     # for an engine whose page_mode is not RGB: the page as rendered, packed in its own
     # mode (pages.RenderedPage: grey or 1-bit), not made into a Pillow image
     rendered: Any = None
-
-    @property
-    def prompt(self) -> str:
-        if self.prompt_mode == "custom":
-            text = self.custom_prompt or ""
-            return text if text.startswith("<image>") else "<image>\n" + text
-        return PROMPTS[self.prompt_mode]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +74,10 @@ class Engine(abc.ABC):
 
     kind: str = "?"
     model: str = ""
-    # "grounding": DeepSeek-OCR-2 tags that markdown.py turns into Markdown;
-    # "text": plain text that is Markdown already.
+    # What `ocr()` returns, and so how `page_markdown` reads it: "grounding":
+    # DeepSeek-OCR-2's tag stream (deepseek_ocr2.OUTPUT_FORMAT), figures cropped from the
+    # page image; "text": plain text that is Markdown already. An engine with a grounding
+    # format also follows the inbox's prompt mode.
     output_format: Literal["grounding", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
@@ -113,6 +106,25 @@ class Engine(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Abort what is in flight and release resources."""
+
+    @property
+    def keeps_page_image(self) -> bool:
+        """Whether `page_markdown` needs the page's image (to crop figures from it)."""
+        return self.output_format == "grounding"
+
+    @property
+    def follows_prompt(self) -> bool:
+        """Whether the inbox's prompt mode shapes this engine's output (the sidecar
+        records the prompt only then)."""
+        return self.output_format == "grounding"
+
+    def page_markdown(self, text: str, image: Image.Image | None, page_no: int,
+                      assets_link: str) -> PageMarkdown:
+        """One page's output as Markdown; figures (grounding only) are cropped from
+        `image` and linked under `assets_link`."""
+        if self.output_format == "grounding":
+            return grounding_to_markdown(text, image, page_no, assets_link)
+        return PageMarkdown(text_to_markdown(text))
 
     def describe(self) -> dict:
         """Engine facts for the sidecar and logs."""

@@ -13,7 +13,7 @@ import asyncio
 import random
 import time
 
-from ..config import TestingFaultsConfig
+from ..engine_config import TestingFaultsConfig
 from ..errors import EngineDead, EngineUnavailable
 from .base import Engine, PageOutput, PageRequest
 

@@ -4,21 +4,18 @@ Pages go to the server with the fewest pages in flight, at most `concurrency_per
 server's batch) + `queue_per_url` (waiting in its queue) per server. Connection errors and
 5xx answers are retried with exponential backoff on any server; when none answers, `ocr()`
 raises EngineUnavailable (the daemon re-queues the page and pauses intake) instead of
-failing the page. The HTTP client is a small HTTP/1.1 client on asyncio streams (no new
-dependency): cancelling `ocr()` closes the connection, which makes vLLM abort the request,
-something a blocking client in a thread cannot do.
+failing the page. The requests go through aiohttp (ocrd/engines/http.py: TLS settings,
+proxies from the environment); cancelling `ocr()` closes the request's connection, which
+makes vLLM abort the request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import io
 import json
-import ssl
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,14 +23,15 @@ import structlog
 from PIL import Image
 
 from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
+from ocrd.engines import deepseek_ocr2
+from ocrd.engines._loops import Attempt, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import AttemptSettings
+from ocrd.engines.http import Answer, Client, ServerUnreachable
 from ocrd.errors import EngineUnavailable
 
 log = structlog.get_logger(__name__)
 
-# A server that does not accept a connection within this time counts as down.
-CONNECT_TIMEOUT_SECONDS = 5.0
 # health() and start() probes of /models
 PROBE_TIMEOUT_SECONDS = 5.0
 # Backoff after a failed request: per try of one request (0.5, 1, 2, ... s) and per
@@ -50,123 +48,8 @@ RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 CONFIG_STATUS = frozenset({401, 403, 404})
 
 
-class ServerUnreachable(Exception):
-    """No HTTP answer from a server: refused, reset, closed mid-answer, or not an HTTP reply."""
-
-
 class RemoteRequestError(RuntimeError):
     """The server refused this page's request (HTTP 4xx other than auth/not found)."""
-
-
-@dataclass
-class HttpResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body.decode("utf-8"))
-
-    def error_text(self) -> str:
-        """vLLM's error message when there is one, else the start of the body."""
-        try:
-            data = self.json()
-            err = data.get("error", data) if isinstance(data, dict) else data
-            msg = err.get("message") if isinstance(err, dict) else None
-            return str(msg or data)[:300]
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            return self.body[:300].decode("utf-8", "replace")
-
-
-async def http_request(
-    url: str,
-    method: str = "GET",
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    *,
-    timeout: float = 60.0,
-    connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
-    connections: set[asyncio.StreamWriter] | None = None,
-) -> HttpResponse:
-    """One HTTP/1.1 exchange on a fresh connection (closed afterwards, also on cancel).
-
-    Raises ServerUnreachable when there is no complete answer and TimeoutError when the
-    answer takes longer than `timeout`. A connection per request costs a millisecond
-    against seconds of OCR per page, and makes failures independent of each other. The
-    open connection is kept in `connections` meanwhile, so that its owner can cut it.
-    """
-    parts = urllib.parse.urlsplit(url)
-    https = parts.scheme == "https"
-    host = parts.hostname or "localhost"
-    port = parts.port or (443 if https else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl.create_default_context() if https
-                                    else None, limit=2**20),
-            connect_timeout)
-    except (OSError, TimeoutError) as e:
-        raise ServerUnreachable(f"cannot connect: {_describe_error(e)}") from e
-    if connections is not None:
-        connections.add(writer)
-    try:
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}",
-                 "User-Agent: ocrd", "Accept: application/json", "Connection: close"]
-        for key, value in (headers or {}).items():
-            lines.append(f"{key}: {value}")
-        if body is not None:
-            lines.append(f"Content-Length: {len(body)}")
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
-        async with asyncio.timeout(timeout):
-            await writer.drain()
-            return await _read_response(reader)
-    except TimeoutError:
-        raise  # the answer is late, not missing (TimeoutError is an OSError)
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-        raise ServerUnreachable(f"no complete answer: {_describe_error(e)}") from e
-    finally:
-        if connections is not None:
-            connections.discard(writer)
-        writer.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(writer.wait_closed(), 1.0)
-
-
-async def _read_response(reader: asyncio.StreamReader) -> HttpResponse:
-    status_line = (await reader.readline()).decode("latin-1")
-    if not status_line:
-        raise ValueError("connection closed before the answer")
-    version, _, rest = status_line.partition(" ")
-    if not version.startswith("HTTP/"):
-        raise ValueError(f"not an HTTP answer: {status_line[:60]!r}")
-    status = int(rest.split(" ", 1)[0])
-    headers: dict[str, str] = {}
-    while (line := (await reader.readline()).decode("latin-1").strip()):
-        key, _, value = line.partition(":")
-        headers[key.strip().lower()] = value.strip()
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks = []
-        while (size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16)):
-            chunks.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-        while (await reader.readline()).strip():  # trailers
-            pass
-        body = b"".join(chunks)
-    elif "content-length" in headers:
-        body = await reader.readexactly(int(headers["content-length"]))
-    else:
-        body = await reader.read()
-    return HttpResponse(status, headers, body)
-
-
-def _describe_error(e: BaseException) -> str:
-    if isinstance(e, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(e, TimeoutError):
-        return "timed out"
-    if isinstance(e, asyncio.IncompleteReadError):
-        return "connection closed mid-answer"
-    return str(e) or type(e).__name__
 
 
 def image_data_url(image: Image.Image) -> str:
@@ -218,9 +101,11 @@ class RemoteEngine(Engine):
     """Pages sent to OpenAI-compatible `vllm serve` servers running DeepSeek-OCR-2."""
 
     kind = "remote"
-    output_format = "grounding"
+    output_format = deepseek_ocr2.OUTPUT_FORMAT
 
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True) -> None:
+        """`use_proxy=False`: connect directly, whatever HTTP(S)_PROXY says (for a
+        server on this machine)."""
         if not cfg.urls:
             raise ConfigError("engine.urls is empty: the remote engine needs a server URL")
         self.cfg = cfg
@@ -233,7 +118,8 @@ class RemoteEngine(Engine):
         self._slot_freed = asyncio.Event()
         self._turn = 0  # rotates the choice among equally busy servers
         self._closing = False
-        self._connections: set[asyncio.StreamWriter] = set()
+        self._client = Client(cfg, use_proxy=use_proxy)
+        self._requests: set[asyncio.Task] = set()  # in flight, for close() to cut
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -243,6 +129,7 @@ class RemoteEngine(Engine):
         await self._probe_all()
         answering = [s for s in self.servers if s.failures == 0]
         if answering and not any(self.model in s.models for s in answering):
+            await self._client.close()  # this engine is not going to be used
             served = sorted({m for s in answering for m in s.models})
             raise ConfigError(f"engine.model = {self.model!r}: not served by "
                               f"{', '.join(s.url for s in answering)} (they serve {served}); "
@@ -261,9 +148,11 @@ class RemoteEngine(Engine):
         """Stop taking pages and cut the connections in flight: the servers abort those
         requests, and their `ocr()` calls raise EngineUnavailable (the pages stay queued)."""
         self._closing = True
-        for writer in list(self._connections):
-            writer.close()
+        for request in list(self._requests):
+            request.cancel()
         self._slot_freed.set()
+        await asyncio.gather(*self._requests, return_exceptions=True)
+        await self._client.close()
 
     def describe(self) -> dict:
         info = super().describe()
@@ -279,9 +168,9 @@ class RemoteEngine(Engine):
 
     async def _probe(self, server: _Server) -> None:
         try:
-            resp = await http_request(server.url + "/models", headers=self._headers(),
-                                      timeout=PROBE_TIMEOUT_SECONDS,
-                                      connect_timeout=PROBE_TIMEOUT_SECONDS)
+            resp = await self._client.send("GET", server.url + "/models",
+                                           headers=self._headers(),
+                                           timeout=PROBE_TIMEOUT_SECONDS)
         except (ServerUnreachable, TimeoutError) as e:
             server.failed(str(e) or "timed out")
             return
@@ -315,12 +204,10 @@ class RemoteEngine(Engine):
             "model": self.model,
             "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": image_url}},
-                {"type": "text", "text": chat_text(page.prompt)},
+                {"type": "text", "text": chat_text(deepseek_ocr2.prompt(page))},
             ]}],
-            "temperature": 0.0,
+            **deepseek_ocr2.SAMPLING,
             "max_tokens": self.cfg.max_tokens,
-            # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
-            "skip_special_tokens": False,
             # per-request arguments of the server's NGramPerReqLogitsProcessor
             "vllm_xargs": settings.extra_args(),
         }
@@ -347,7 +234,34 @@ class RemoteEngine(Engine):
                        prompt_tokens=usage.get("prompt_tokens"),
                        extra={"engine": self.kind, "server": server.url})
 
-    async def _post(self, path: str, body: bytes) -> tuple[HttpResponse, _Server]:
+    async def probe_status(self, url: str, timeout: float = PROBE_TIMEOUT_SECONDS
+                           ) -> int | None:
+        """The HTTP status of a GET of `url` through this engine's client (e.g. a
+        server's /health), or None when there is no answer within `timeout`."""
+        try:
+            resp = await self._client.send("GET", url, timeout=timeout)
+        except (ServerUnreachable, TimeoutError):
+            return None
+        return resp.status
+
+    async def _send(self, url: str, body: bytes) -> Answer:
+        """POST in a task of its own, which close() cancels: then EngineUnavailable
+        (a cancel of the caller itself stays a cancel)."""
+        request = asyncio.ensure_future(self._client.send(
+            "POST", url, body=body, headers=self._headers(),
+            timeout=self.cfg.request_timeout_seconds))
+        self._requests.add(request)
+        try:
+            return await request
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closing and task is not None and not task.cancelling():
+                raise ServerUnreachable("cut: the engine is shutting down") from None
+            raise
+        finally:
+            self._requests.discard(request)
+
+    async def _post(self, path: str, body: bytes) -> tuple[Answer, _Server]:
         """POST to the least busy server; retry elsewhere/later on server trouble."""
         errors: list[str] = []
         tries = MIN_TRIES + len(self.servers) - 1
@@ -356,9 +270,7 @@ class RemoteEngine(Engine):
                 raise EngineUnavailable("the remote engine is shutting down")
             server = await self._acquire()
             try:
-                resp = await http_request(server.url + path, "POST", body, self._headers(),
-                                          timeout=self.cfg.request_timeout_seconds,
-                                          connections=self._connections)
+                resp = await self._send(server.url + path, body)
             except ServerUnreachable as e:
                 if self._closing:
                     raise EngineUnavailable("the remote engine is shutting down") from None

@@ -18,116 +18,19 @@ from typing import Any
 
 import structlog
 
-from ocrd.config import EngineConfig, VllmConfig
-from ocrd.engines import vllm_plugin
-from ocrd.engines._loops import Attempt, AttemptSettings, convert_with_retries
+from ocrd.engine_config import EngineConfig, VllmConfig
+from ocrd.engines import deepseek_ocr2
+from ocrd.engines._loops import Attempt, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, AttemptSettings
+from ocrd.engines.vllm_args import HeadDimGuard, engine_kwargs, fast_encoder_usable
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.vllm_model import plugin
 
 log = structlog.get_logger(__name__)
 
-# The recipe's logits processor for DeepSeek-OCR-2 (n-gram ban with per-request args):
-# ocrd's drop-in for vLLM's NGramPerReqLogitsProcessor, same bans at a fraction of the
-# engine time (ocrd/engines/ngram.py). vLLM imports it by name in its engine core.
-NGRAM_PROCESSOR = "ocrd.engines.ngram:NGramBanLogitsProcessor"
 # How long close() lets vLLM's shutdown() take before giving up on it.
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
-
-
-class HeadDimGuard:
-    """`hf_overrides` callable: give the language model a real head_dim when it has none.
-
-    transformers 5's DeepseekV2Config sets `head_dim = qk_rope_head_dim`, which is 0 for
-    DeepSeek-OCR(-2)'s plain-attention language model. vLLM 0.24 then builds attention
-    with head size 0 and the engine core dies while capturing CUDA graphs (FlashAttention
-    divides by zero). Newer vLLM falls back to hidden_size // num_heads by itself; this
-    does the same explicitly and touches nothing when head_dim is already set. It is a
-    module-level class (not a closure) because vLLM pickles the config into its engine
-    core process. `inner` keeps overrides the user passed in engine_args.hf_overrides.
-    """
-
-    def __init__(self, inner: Any = None) -> None:
-        self.inner = inner
-        self.applied: int | None = None  # the head_dim set, for tests and logs
-
-    def __call__(self, config: Any) -> Any:
-        if callable(self.inner):
-            config = self.inner(config)
-        elif isinstance(self.inner, dict):
-            for key, value in self.inner.items():
-                sub = getattr(config, key, None)
-                if isinstance(value, dict) and hasattr(sub, "update"):
-                    sub.update(value)
-                else:
-                    config.update({key: value})
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        fixed = fixed_head_dim(text)
-        if fixed is not None:
-            text.head_dim = fixed
-            self.applied = fixed
-        return config
-
-    def __repr__(self) -> str:
-        return f"HeadDimGuard(inner={self.inner!r})"
-
-
-def fixed_head_dim(text_config: Any) -> int | None:
-    """hidden_size // num_attention_heads when a non-MLA text config has head_dim 0/None."""
-    if getattr(text_config, "head_dim", 0) not in (0, None):
-        return None
-    # MLA models size attention from kv_lora_rank/qk_*_head_dim, not head_dim.
-    if getattr(text_config, "kv_lora_rank", None) or getattr(text_config, "use_mla", False):
-        return None
-    hidden = getattr(text_config, "hidden_size", None)
-    heads = getattr(text_config, "num_attention_heads", None)
-    if not hidden or not heads:
-        return None
-    return hidden // heads
-
-
-def recipe_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """The engine settings from the config and the model's recipe, before any
-    pass-through engine_args (shared by the in-process engine and the managed server)."""
-    v = cfg.vllm
-    return {
-        "model": cfg.model,
-        "dtype": v.dtype,
-        "gpu_memory_utilization": v.gpu_memory_utilization,
-        "max_model_len": v.max_model_len,
-        "max_num_seqs": v.max_num_seqs,
-        **({"max_num_batched_tokens": v.max_num_batched_tokens}
-           if v.max_num_batched_tokens else {}),
-        "tensor_parallel_size": v.tensor_parallel_size,
-        "data_parallel_size": v.data_parallel_size,
-        # Recipe: pages never share a prefix worth caching, and caching processed images
-        # only costs memory (every page image is new).
-        "enable_prefix_caching": False,
-        "mm_processor_cache_gb": 0,
-        "limit_mm_per_prompt": {"image": 1},
-        "logits_processors": [NGRAM_PROCESSOR],
-    }
-
-
-def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """AsyncEngineArgs keyword arguments: the recipe's, then cfg.vllm.engine_args on top."""
-    kwargs = recipe_kwargs(cfg)
-    kwargs.update(cfg.vllm.engine_args)
-    kwargs["hf_overrides"] = HeadDimGuard(kwargs.get("hf_overrides"))
-    return kwargs
-
-
-def fast_encoder_usable(cfg: EngineConfig) -> bool:
-    """Whether the fast encoder is asked for and vLLM can load it; warns when asked for
-    but the plugin is not installed. Called once per engine start (reads package
-    metadata)."""
-    if not cfg.vllm.fast_encoder:
-        return False
-    if vllm_plugin.installed():
-        return True
-    log.warning("vllm_fast_encoder_unavailable",
-                why="ocrd's vLLM plugin is not installed (install ocrd with pip); "
-                    "vLLM's own, slower encoder path is used")
-    return False
 
 
 def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
@@ -135,12 +38,12 @@ def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
     the environment of the engine core process that vLLM spawns while building (restored
     afterwards), and directly in this process (where vLLM may have loaded its plugins
     already, and runs the engine core itself with VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    settings = vllm_plugin.environment(v.fast_encoder, v.batch_encoder)
+    settings = plugin.environment(v.fast_encoder, v.batch_encoder)
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
-        if vllm_plugin.has_model_code():
-            vllm_plugin.use(v.fast_encoder)
+        if plugin.has_model_code():
+            plugin.use(v.fast_encoder)
         return api.AsyncLLM.from_engine_args(api.AsyncEngineArgs(**kwargs))
     finally:
         for key, value in saved.items():
@@ -185,7 +88,7 @@ class _VllmApi:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        from ocrd.engines.ngram import NGramBanLogitsProcessor
+        from ocrd.vllm_model.ngram import NGramBanLogitsProcessor
 
         try:  # vLLM >= 0.19 can end a looping request early
             from vllm.sampling_params import RepetitionDetectionParams
@@ -207,7 +110,7 @@ class VllmEngine(Engine):
     """DeepSeek-OCR-2 on a vLLM AsyncLLM engine owned by this process."""
 
     kind = "vllm"
-    output_format = "grounding"
+    output_format = deepseek_ocr2.OUTPUT_FORMAT
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -328,10 +231,8 @@ class VllmEngine(Engine):
 
     def _params(self, api: _VllmApi, settings: AttemptSettings) -> Any:
         kwargs: dict[str, Any] = {
-            "temperature": 0.0,
+            **deepseek_ocr2.SAMPLING,
             "max_tokens": self.cfg.max_tokens,
-            # keep <|ref|>/<|det|> grounding tags: markdown.py needs them
-            "skip_special_tokens": False,
             "output_kind": api.final_only,
             "extra_args": settings.extra_args(),
         }
@@ -346,7 +247,7 @@ class VllmEngine(Engine):
         assert api is not None
         request_id = (f"{self._id_prefix}-{next(self._ids)}-{_request_tag(page.doc_id)}"
                       f"-p{page.page_no}-a{settings.attempt}")
-        prompt = {"prompt": page.prompt, "multi_modal_data": {"image": page.image}}
+        prompt = {"prompt": deepseek_ocr2.prompt(page), "multi_modal_data": {"image": page.image}}
         self._in_flight.add(request_id)
         try:
             final = await self._generate_unless_closed(

@@ -141,3 +141,44 @@ def test_many_subfolders_polled_and_watched(tmp_path: Path) -> None:
                 md = root / "out" / rel.replace(".pdf", ".md")
                 wait_for(md.exists, 60, f"{mode}: {md}")
         assert files_under(root / "f") == []
+
+
+def _inotify_watches() -> int:
+    """Watches held by this process's inotify instances, as the kernel counts them
+    (/proc/self/fdinfo)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                n += sum(line.startswith("inotify wd:") for line in f)
+        except OSError:
+            continue
+    return n
+
+
+def test_a_recursive_watch_leaves_out_the_work_area_and_dot_folders(tmp_path: Path) -> None:
+    """Every claim makes a folder in .ocrd-work/; a recursive watch took each one in
+    (thousands of watches in a busy inbox, and watchdog formatting its whole table into
+    a warning at each re-added one: a long fuzzer run slowed 25-fold). Dot-folders are
+    ignored by every scan, so they are not watched either; other subfolders are."""
+    for sub in ("a", "a/b", ".ocrd-work/x", ".stfolder"):
+        (tmp_path / sub).mkdir(parents=True)
+    box = InboxConfig(path=tmp_path, outbox=tmp_path.parent / "o", failed=tmp_path.parent / "f",
+                      on_success="keep", recursive=True)
+    hints: list = []
+    before = _inotify_watches()
+    obs = Observers(lambda *a: hints.append(a))
+    try:
+        assert obs.watch(box)
+        assert _inotify_watches() - before == 3  # the inbox, a, a/b
+        for i in range(40):  # as claims do, while watched
+            (tmp_path / ".ocrd-work" / "x" / str(i) / "sub").mkdir(parents=True)
+        (tmp_path / "c").mkdir()
+        wait_for(lambda: _inotify_watches() - before == 4, 10, "c watched")
+        (tmp_path / "c" / "scan.pdf").write_bytes(b"%PDF-1.4\n")
+        wait_for(lambda: hints, 10, "a hint for c/scan.pdf")
+        assert _inotify_watches() - before == 4
+    finally:
+        obs.stop()

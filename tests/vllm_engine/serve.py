@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrd.engines.vllm import NGRAM_PROCESSOR
+from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR
 
 SERVED_NAME = "tiny-dsocr2"
 READY_TIMEOUT_SECONDS = 240

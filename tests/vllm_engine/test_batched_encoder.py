@@ -25,9 +25,9 @@ require_vllm()
 from test_vllm_engine import noise  # noqa: E402
 
 from ocrd.config import EngineConfig  # noqa: E402
-from ocrd.engines import dsocr2_fast, vllm_plugin  # noqa: E402
 from ocrd.engines.base import PageRequest  # noqa: E402
 from ocrd.engines.vllm import VllmEngine  # noqa: E402
+from ocrd.vllm_model import dsocr2_fast, plugin  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -70,7 +70,7 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
 
 def test_batched_mode_is_what_the_engine_built(batched: tuple[VllmEngine, Path]) -> None:
     eng, log = batched
-    built = [line for line in log.read_text().splitlines() if vllm_plugin.LOADED_MARK in line]
+    built = [line for line in log.read_text().splitlines() if plugin.LOADED_MARK in line]
     assert built, log.read_text()[-3000:]
     assert "pages batched, 2 global views and 4 tiles per call" in built[-1]
     assert eng.describe()["fast_encoder"] is True

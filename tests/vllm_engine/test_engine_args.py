@@ -6,7 +6,9 @@ import pickle
 from typing import Any
 
 from ocrd.config import EngineConfig
-from ocrd.engines.vllm import NGRAM_PROCESSOR, HeadDimGuard, VllmEngine, engine_kwargs
+from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR
+from ocrd.engines.vllm import VllmEngine
+from ocrd.engines.vllm_args import HeadDimGuard, engine_kwargs
 
 
 class FakeConfig:

@@ -1,4 +1,4 @@
-"""ocrd's fast DeepSeek-OCR-2 encoder (ocrd/engines/dsocr2_fast.py) against vLLM's own code.
+"""ocrd's fast DeepSeek-OCR-2 encoder (ocrd/vllm_model/dsocr2_fast.py) against vLLM's own code.
 
 The batched path must give the embeddings vLLM's per-page loop gives, with vLLM's own
 modules (tiny instances, CPU, float32); the vectorised mask must be the mask vLLM 0.24
@@ -18,7 +18,7 @@ from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
 require_vllm()
 import torch  # noqa: E402
 
-from ocrd.engines import dsocr2_fast, vllm_plugin  # noqa: E402
+from ocrd.vllm_model import dsocr2_fast, plugin  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -216,41 +216,41 @@ def test_plugin_registers_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> No
     from vllm import ModelRegistry
 
     def registered() -> str:
-        entry = ModelRegistry.models[vllm_plugin.ARCHITECTURE]
+        entry = ModelRegistry.models[plugin.ARCHITECTURE]
         return f"{getattr(entry, 'module_name', '')}:{getattr(entry, 'class_name', '')}"
 
     before = registered()
     try:
-        monkeypatch.delenv(vllm_plugin.ENV, raising=False)
-        vllm_plugin.use(False)
-        vllm_plugin.register()
-        assert registered() == vllm_plugin.VLLM_CLASS
+        monkeypatch.delenv(plugin.ENV, raising=False)
+        plugin.use(False)
+        plugin.register()
+        assert registered() == plugin.VLLM_CLASS
         for setting in ("0", "off"):
-            monkeypatch.setenv(vllm_plugin.ENV, setting)
-            vllm_plugin.register()
-            assert registered() == vllm_plugin.VLLM_CLASS
+            monkeypatch.setenv(plugin.ENV, setting)
+            plugin.register()
+            assert registered() == plugin.VLLM_CLASS
         for setting in ("1", "batched", "auto"):
-            vllm_plugin.use(False)
-            monkeypatch.setenv(vllm_plugin.ENV, setting)
-            vllm_plugin.register()
-            assert registered() == vllm_plugin.MODEL_CLASS, setting
+            plugin.use(False)
+            monkeypatch.setenv(plugin.ENV, setting)
+            plugin.register()
+            assert registered() == plugin.MODEL_CLASS, setting
     finally:
         if before.partition(":")[0]:
-            ModelRegistry.register_model(vllm_plugin.ARCHITECTURE, before)
+            ModelRegistry.register_model(plugin.ARCHITECTURE, before)
 
 
 def test_encoder_mode_settings() -> None:
     """engine.vllm.fast_encoder / batch_encoder → the variable → the model's mode."""
-    env = vllm_plugin.environment
-    assert env(False, True) == env(False) == {vllm_plugin.ENV: "0"}
-    assert env(True, None) == {vllm_plugin.ENV: "auto"}  # the default
-    assert env(True, True) == {vllm_plugin.ENV: "batched"}
-    assert env(True, False) == {vllm_plugin.ENV: "1"}
+    env = plugin.environment
+    assert env(False, True) == env(False) == {plugin.ENV: "0"}
+    assert env(True, None) == {plugin.ENV: "auto"}  # the default
+    assert env(True, True) == {plugin.ENV: "batched"}
+    assert env(True, False) == {plugin.ENV: "1"}
     assert dsocr2_fast.batched_mode("batched") is True
     assert dsocr2_fast.batched_mode("1") is False
     # auto: batched on a GPU; page by page (vLLM's shapes) on the CPU this vLLM runs on
     assert dsocr2_fast.batched_mode("auto") is False
-    from ocrd.config import VllmConfig
+    from ocrd.engine_config import VllmConfig
 
     assert VllmConfig().batch_encoder is None and VllmConfig().fast_encoder is True
 
@@ -356,12 +356,12 @@ def test_encoder_chunks_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
 def test_plugin_stays_out_of_a_vllm_without_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm import ModelRegistry
 
-    assert vllm_plugin.has_model_code()  # this vLLM has it
-    before = ModelRegistry.models[vllm_plugin.ARCHITECTURE]
-    monkeypatch.setenv(vllm_plugin.ENV, "1")
-    monkeypatch.setattr(vllm_plugin, "has_model_code", lambda: False)
-    vllm_plugin.register()
-    assert ModelRegistry.models[vllm_plugin.ARCHITECTURE] is before
+    assert plugin.has_model_code()  # this vLLM has it
+    before = ModelRegistry.models[plugin.ARCHITECTURE]
+    monkeypatch.setenv(plugin.ENV, "1")
+    monkeypatch.setattr(plugin, "has_model_code", lambda: False)
+    plugin.register()
+    assert ModelRegistry.models[plugin.ARCHITECTURE] is before
 
 
 def test_a_model_unlike_vllms_keeps_vllms_path(tiny_model: Any) -> None:
@@ -377,4 +377,4 @@ def test_a_model_unlike_vllms_keeps_vllms_path(tiny_model: Any) -> None:
 
 def test_plugin_is_installed_with_ocrd() -> None:
     """scripts/test installs ocrd with pip: vLLM finds the entry point."""
-    assert vllm_plugin.installed()
+    assert plugin.installed()

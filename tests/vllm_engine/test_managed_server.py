@@ -26,7 +26,8 @@ from PIL import Image
 
 from ocrd.config import EngineConfig
 from ocrd.engines import create_engine
-from ocrd.engines.base import PROMPTS, PageOutput, PageRequest
+from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, PROMPTS
 from ocrd.engines.managed import (
     ManagedServerEngine,
     cli_args,
@@ -34,7 +35,7 @@ from ocrd.engines.managed import (
     head_dim_overrides,
     server_args,
 )
-from ocrd.engines.vllm import NGRAM_PROCESSOR, VllmEngine
+from ocrd.engines.vllm import VllmEngine
 from ocrd.errors import EngineUnavailable
 from ocrd.pipeline import EngineGate
 

@@ -1,4 +1,4 @@
-"""ocrd's n-gram ban (ocrd/engines/ngram.py) bans exactly what vLLM's recipe processor bans.
+"""ocrd's n-gram ban (ocrd/vllm_model/ngram.py) bans exactly what vLLM's recipe processor bans.
 
 vLLM's `NoRepeatNGramLogitsProcessor` and `NGramPerReqLogitsProcessor` are the reference:
 both are run here on the same random outputs (small vocabularies, so n-grams repeat), one
@@ -16,7 +16,7 @@ from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
 require_vllm()
 import torch  # noqa: E402
 
-from ocrd.engines.ngram import NGramBanLogitsProcessor, NoRepeatNGram  # noqa: E402
+from ocrd.vllm_model.ngram import NGramBanLogitsProcessor, NoRepeatNGram  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -1,4 +1,4 @@
-"""SAM's fused relative-position attention (ocrd/engines/relpos_attention.py).
+"""SAM's fused relative-position attention (ocrd/vllm_model/relpos_attention.py).
 
 The kernel itself runs in Triton's CPU interpreter: tests/vllm_engine/triton_cases.py,
 run here in a subprocess with Triton on its path (scripts/test installs Triton into
@@ -24,8 +24,8 @@ require_vllm()
 import torch  # noqa: E402
 from small_sam import small_sam  # noqa: E402  (tests/vllm_engine)
 
-from ocrd.engines import dsocr2_fast  # noqa: E402
-from ocrd.engines import relpos_attention as ra  # noqa: E402
+from ocrd.vllm_model import dsocr2_fast  # noqa: E402
+from ocrd.vllm_model import relpos_attention as ra  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

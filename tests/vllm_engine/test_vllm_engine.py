@@ -18,8 +18,8 @@ import pytest
 from PIL import Image
 
 from ocrd.config import EngineConfig
-from ocrd.engines._loops import attempt_settings
 from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import attempt_settings
 from ocrd.engines.vllm import VllmEngine
 from ocrd.errors import EngineUnavailable
 

@@ -20,7 +20,8 @@ from PIL import Image
 from serve import SERVED_NAME, VllmServer  # noqa: E402
 
 from ocrd.config import EngineConfig
-from ocrd.engines.base import PROMPTS, PageOutput, PageRequest
+from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.deepseek_ocr2 import PROMPTS
 from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.vllm import VllmEngine
 from ocrd.errors import EngineUnavailable

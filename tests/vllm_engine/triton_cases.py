@@ -1,4 +1,4 @@
-"""The fused SAM attention kernel (ocrd/engines/relpos_attention.py), run on the CPU by
+"""The fused SAM attention kernel (ocrd/vllm_model/relpos_attention.py), run on the CPU by
 Triton's interpreter. Not collected on its own (no test_ prefix): test_relpos_attention.py
 runs this file in a subprocess with TRITON_INTERPRET=1 and Triton on the path, which
 the main test process must not see (vLLM's CPU build is installed without Triton).
@@ -12,7 +12,7 @@ import pytest
 import torch
 from small_sam import small_sam  # tests/vllm_engine (conftest.py puts it on the path)
 
-from ocrd.engines import relpos_attention as ra
+from ocrd.vllm_model import relpos_attention as ra
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_relpos_attention.py"
 assert ra.available() and ra.INTERPRETED

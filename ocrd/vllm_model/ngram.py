@@ -13,8 +13,10 @@ This processor bans the same tokens (tests/vllm_engine/test_ngram.py compares it
 vLLM's on random sequences, call by call as outputs grow) from an index per request that
 each step updates by the newest n-gram (`NoRepeatNGram`), and writes all bans of a step
 at once from pinned memory without waiting for the GPU. It is a drop-in: same request
-arguments, same validation (vLLM's class is the base). Loaded by name inside vLLM's
-engine core, never imported by the daemon itself.
+arguments, same validation (vLLM's class is the base). Loaded where vLLM runs: by name in
+the engine core of a `vllm serve` (the managed and remote engines), and by the in-process
+engine (ocrd/engines/vllm.py), which imports it when it starts vLLM inside the daemon's
+process and passes the class; never by a daemon without a vLLM engine.
 """
 
 from __future__ import annotations

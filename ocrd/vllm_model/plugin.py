@@ -1,4 +1,4 @@
-"""ocrd's vLLM plugin: the fast DeepSeek-OCR-2 encoder (ocrd/engines/dsocr2_fast.py).
+"""ocrd's vLLM plugin: the fast DeepSeek-OCR-2 encoder (ocrd/vllm_model/dsocr2_fast.py).
 
 vLLM calls `register()` in every process it starts (entry point group
 `vllm.general_plugins`, declared in pyproject.toml), including the engine core that
@@ -24,7 +24,7 @@ ENV = "OCRD_VLLM_FAST_ENCODER"
 BATCHED = "batched"
 AUTO = "auto"
 ARCHITECTURE = "DeepseekOCR2ForCausalLM"
-MODEL_CLASS = "ocrd.engines.dsocr2_fast:FastDeepseekOCR2ForCausalLM"
+MODEL_CLASS = "ocrd.vllm_model.dsocr2_fast:FastDeepseekOCR2ForCausalLM"
 VLLM_CLASS = "vllm.model_executor.models.deepseek_ocr2:DeepseekOCR2ForCausalLM"
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT = "ocrd_fast_encoder"

@@ -1,4 +1,4 @@
-"""DeepSeek-OCR-2 with a faster vision encoder, for vLLM (imported by vLLM, never by ocrd).
+"""DeepSeek-OCR-2 with a faster vision encoder, imported by vLLM when it builds the model.
 
 vLLM's `DeepseekOCR2ForCausalLM` encodes the images of an engine step one page at a
 time: SAM on the 1024 px global view (batch 1), a host sync (`.item()`) to see whether
@@ -31,7 +31,7 @@ are called:
   own decoder steps follow the batch size).
 
 Two more changes, on a GPU only (bench/GPU_RESULTS.md, round 4):
-- SAM's attention layers run ocrd's fused kernel (ocrd/engines/relpos_attention.py):
+- SAM's attention layers run ocrd's fused kernel (ocrd/vllm_model/relpos_attention.py):
   the relative-position bias is added inside a flash-attention kernel instead of being
   written out as a heads × tokens² tensor (36 → 27 ms of GPU time per A4 page);
 - in batched mode every padded call size is captured once as a CUDA graph
@@ -41,7 +41,7 @@ Two more changes, on a GPU only (bench/GPU_RESULTS.md, round 4):
 stay off where vLLM runs with `enforce_eager`).
 
 ocrd registers the class for the architecture through its vLLM plugin
-(`ocrd.engines.vllm_plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
+(`ocrd.vllm_model.plugin`) when `engine.vllm.fast_encoder` is on; the mode comes from
 `engine.vllm.batch_encoder` through the same environment variable (default: batched on
 a GPU, page by page on a CPU, where vLLM's own shapes cost no more and give its very
 embeddings).
@@ -59,8 +59,8 @@ import torch
 from vllm.logger import init_logger
 from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
-from ocrd.engines import relpos_attention
-from ocrd.engines.vllm_plugin import AUTO, BATCHED, ENV, LOADED_MARK
+from ocrd.vllm_model import relpos_attention
+from ocrd.vllm_model.plugin import AUTO, BATCHED, ENV, LOADED_MARK
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
 logger = init_logger("vllm.ocrd.dsocr2_fast")
@@ -77,7 +77,7 @@ CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
 # padded calls in several sizes (the default) or, with "0", always the full size: a
 # page's embeddings then never depend on the step's other pages (batch invariance)
 BUCKETS_ENV = "OCRD_VLLM_ENCODER_BUCKETS"
-# SAM's attention with the relative-position bias fused (ocrd/engines/relpos_attention.py):
+# SAM's attention with the relative-position bias fused (ocrd/vllm_model/relpos_attention.py):
 # unset = where vLLM runs on CUDA/ROCm and Triton is there; "0" never; "1" wherever Triton
 # runs (the tests use Triton's CPU interpreter)
 FUSED_SAM_ENV = "OCRD_VLLM_FUSED_SAM"

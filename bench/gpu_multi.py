@@ -1,0 +1,272 @@
+"""ocrd end to end with several managed `vllm serve` processes, rows side by side:
+
+    python bench/gpu_multi.py --work W --out OUT            # one GPU: 1 vs 2 servers
+    python bench/gpu_multi.py --gpus 2 --work W --out OUT   # + 1 GPU vs 2 GPUs, both ways
+    python bench/gpu_multi.py --tiny                        # CPU dry run, tiny model
+    bash bench/gpu_run.sh multi                             # on the GPU machine (bundle)
+
+Each row is a fresh `ocrd run` with its engine configuration (engine.vllm.servers_per_gpu,
+gpus, data_parallel_size), the same PDFs dropped into its inbox at once, timed from the
+drop to the last Markdown file. Rows:
+
+  1gpu_x1        one server on one GPU (api_servers front ends, gpu_memory_utilization)
+  1gpu_x2        two servers on that GPU, the memory and the front ends split (issue 22)
+  2gpu_per_gpu   one group per GPU, --servers-per-gpu servers each (issue 21)
+  2gpu_dp        one server over both GPUs, vLLM's --data-parallel-size 2 (issue 21)
+
+Per row: engine start (s), GPU memory after start (MiB per GPU), every server warmed at
+full width with short answers (compiled kernels: no row pays them), pages/s, pages/s in
+the middle of the run (a quarter to three quarters of the pages), GPU busy (% per GPU,
+whole run and middle), the stop's time, processes left and GPU memory after the stop.
+--kill ROW kills one server of ROW (its whole process group) a third into the run: every
+page must still come out (none in failed/), and the server's restart is recorded.
+Dummy weights, full-size architecture, every page exactly T output tokens (EOS banned),
+as bench/gpu.py. Results: OUT/results_multi.json (after each row) and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import gpu_common as common  # noqa: E402
+from bench import gpu_inputs as inputs  # noqa: E402
+from bench import gpu_measure as measure  # noqa: E402
+from bench.gpu_daemon import GpuDaemon, direct_http  # noqa: E402
+
+ROWS_ONE = ["1gpu_x1", "1gpu_x2"]
+ROWS_TWO = ["1gpu_x1", "1gpu_x2", "2gpu_per_gpu", "2gpu_dp"]
+
+
+def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The engine config of a row: bench/gpu.py's settings plus the row's layout."""
+    e = common.engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)
+    v = e["vllm"]
+    v["engine_args"]["logits_processors"] = [common.OCRD_NGRAM, common.BAN_EOS]
+    v["api_servers"] = args.api_servers
+    one = [0] if args.gpus > 1 else []  # one GPU of a larger host; else the environment's
+    layout = {"1gpu_x1": {"gpus": one, "servers_per_gpu": 1},
+              "1gpu_x2": {"gpus": one, "servers_per_gpu": 2},
+              "2gpu_per_gpu": {"gpus": [0, 1], "servers_per_gpu": args.servers_per_gpu},
+              "2gpu_dp": {"gpus": [0, 1], "servers_per_gpu": 1, "data_parallel_size": 2,
+                          "api_servers": 2 * args.api_servers}}[name]
+    v.update(layout)
+    if args.tiny:  # the CPU build: no devices to choose, and two cores
+        v["gpus"] = []
+        v["data_parallel_size"] = 1
+        v["api_servers"] = args.api_servers  # >= 2: the managed mode with one server too
+    return e
+
+
+class Busy(measure.Sampler):
+    """Memory in use and utilisation of every GPU, every 0.5 s (nvidia-smi)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.samples: list[tuple[float, list[tuple[int, int]]]] = []
+
+    @staticmethod
+    def query() -> list[tuple[int, int]]:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=10).stdout
+            return [(int(a), int(b)) for a, b in (ln.split(",") for ln in out.splitlines())]
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return []
+
+    def sample(self) -> None:
+        q = self.query()
+        if q:
+            self.samples.append((time.monotonic(), q))
+
+    def busy(self, t0: float, t1: float) -> list[float] | None:
+        rows = [q for t, q in self.samples if t0 <= t <= t1]
+        if not rows:
+            return None
+        return [round(sum(r[i][1] for r in rows) / len(rows), 1) for i in range(len(rows[0]))]
+
+
+def memory() -> list[int] | None:
+    return [m for m, _ in Busy.query()] or None
+
+
+def middle(t0: float, seen: list[tuple[float, int]]) -> tuple[float, float] | None:
+    """When a quarter and three quarters of the pages were out."""
+    total, cum, marks = sum(n for _, n in seen), 0, []
+    for t, n in sorted(seen):
+        cum += n
+        while len(marks) < 2 and cum >= (0.25, 0.75)[len(marks)] * total:
+            marks.append(t)
+    return (marks[0], marks[1]) if len(marks) == 2 and marks[1] > marks[0] else None
+
+
+def warm(d: GpuDaemon, args: argparse.Namespace, urls: list[str]) -> float:
+    """Every server at full width with short answers (kernels compiled before timing)."""
+    servers = sorted({e["url"] for e in d.events("vllm_server_ready")})
+    per = max(1, len(urls) // max(1, len(servers)))
+
+    async def all_servers() -> None:
+        await asyncio.gather(*(direct_http(s, str(args.model), urls[i * per:(i + 1) * per],
+                                               64 if not args.tiny else 4, per)
+                               for i, s in enumerate(servers)))
+
+    t0 = time.monotonic()
+    asyncio.run(all_servers())
+    return round(time.monotonic() - t0, 1)
+
+
+def kill_one(d: GpuDaemon, result: dict, n_files: int) -> None:
+    """A third into the run, SIGKILL the first server's process group."""
+    while (done := sum(1 for _ in d.outbox.glob("*.md"))) < max(1, n_files // 3):
+        time.sleep(0.1)
+    ready = d.events("vllm_server_ready")
+    victim = ready[0]
+    os.killpg(victim["pid"], signal.SIGKILL)
+    result["killed"] = {"server": victim.get("server"), "pid": victim["pid"],
+                        "at_outputs": done, "ready_events_before": len(ready)}
+
+
+def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
+            warm_urls: list[str]) -> dict[str, Any]:
+    s = common.sizes(args.tiny)
+    env = common.tiny_env() if args.tiny else {"PYTHONPATH": os.pathsep.join(
+        [os.environ.get("PYTHONPATH", ""), str(common.ROOT)])}
+    engine = row_engine(name, args)
+    result: dict[str, Any] = {"config": name, "T": s["T"], "vllm": {
+        k: engine["vllm"].get(k) for k in ("gpus", "servers_per_gpu", "api_servers",
+                                           "data_parallel_size", "gpu_memory_utilization",
+                                           "max_num_seqs")}}
+    d = GpuDaemon(args.work / "multi" / name, engine, env, quiet_seconds=args.quiet)
+    with Busy() as busy:
+        d.start(wait_ready=False)
+        t_start = d.started_at
+        try:
+            ready = d.wait_event("ready", s["timeout"] + 600)
+            result["daemon_ready_s"] = round(time.monotonic() - t_start, 1)
+            result["server_start_s"] = [e.get("seconds") for e in d.events("vllm_server_ready")]
+            result["gpu_mem_after_start_mib"] = memory()
+            result["pages_in_flight"] = ready.get("pages_in_flight")
+            d.remember_sessions()
+            result["warm_s"] = warm(d, args, warm_urls)
+            t0 = d.drop(pdfs)
+            if args.kill == name:
+                kill_one(d, result, len(pdfs))
+            t1 = d.wait_outputs([p.name for p in pdfs], s["timeout"] + 600)
+            seen = [(d.appeared[p.stem + ".md"], args.per_file) for p in pdfs]
+            mid = middle(t0, seen)
+            n = len(pdfs) * args.per_file
+            result.update(pages=n, wall_s=round(t1 - t0, 2),
+                          pages_per_s=round(n / (t1 - t0), 3),
+                          gpu_busy_pct=busy.busy(t0, t1))
+            if mid:
+                result["middle_pages_per_s"] = round(0.5 * n / (mid[1] - mid[0]), 3)
+                result["middle_gpu_busy_pct"] = busy.busy(*mid)
+            if "killed" in result:
+                before = result["killed"]["ready_events_before"]
+                deadline = time.monotonic() + s["timeout"] + 600
+                while (len(d.events("vllm_server_ready")) <= before
+                       and time.monotonic() < deadline):
+                    time.sleep(0.2)
+                result["killed"]["restart_s"] = d.events("vllm_server_ready")[-1].get("seconds")
+                result["killed"]["failed_files"] = (sorted(os.listdir(d.failed))
+                                                    if d.failed.exists() else [])
+        finally:
+            sessions = d.remember_sessions()
+            t_stop = time.monotonic()
+            d.stop(120, strict=False)
+            result["stop_s"] = round(time.monotonic() - t_stop, 1)
+            result["daemon_rc"] = d.proc.returncode if d.proc else None
+            time.sleep(1)
+            result["left_after_stop"] = measure.session_processes(sessions)
+            result["gpu_processes_after_stop"] = measure.gpu_processes()
+            result["gpu_mem_after_stop_mib"] = memory()
+            d.kill(group_left=True)
+            result["killed_after_stop"] = measure.end_sessions(sessions)
+            shutil.copy(d.log_path, args.out / f"daemon_multi_{name}.log")
+    print("ROW", json.dumps(result), flush=True)
+    return result
+
+
+def table(rows: list[dict]) -> str:
+    base = next((r.get("pages_per_s") for r in rows if r["config"] == "1gpu_x1"), None)
+    lines = ["| row | pages | pages/s | middle pages/s | × 1gpu_x1 | GPU busy % (middle) "
+             "| start s | MiB after start | MiB after stop | left |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = (f"{r['pages_per_s'] / base:.2f}" if base and r.get("pages_per_s") else "—")
+        lines.append(
+            f"| {r['config']} | {r.get('pages')} | {r.get('pages_per_s')} | "
+            f"{r.get('middle_pages_per_s')} | {ratio} | {r.get('gpu_busy_pct')} "
+            f"({r.get('middle_gpu_busy_pct')}) | {r.get('daemon_ready_s')} | "
+            f"{r.get('gpu_mem_after_start_mib')} | {r.get('gpu_mem_after_stop_mib')} | "
+            f"{len(r.get('left_after_stop', []))} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu-work"))
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
+    p.add_argument("--model", type=Path, default=None, help="default: WORK/model")
+    p.add_argument("--tiny", action="store_true", help="CPU dry run with the tests' tiny model")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs on this host (1 or 2)")
+    p.add_argument("--rows", default="", help="comma-separated rows (default: all for --gpus)")
+    p.add_argument("--pages", type=int, default=0, help="pages per row (1,024; tiny 8)")
+    p.add_argument("--per-file", type=int, default=0, help="pages per PDF (8; tiny 4)")
+    p.add_argument("--api-servers", type=int, default=0, help="per GPU (8; tiny 2)")
+    p.add_argument("--servers-per-gpu", type=int, default=1, help="for 2gpu_per_gpu")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="per server (256)")
+    p.add_argument("--warm-pages", type=int, default=0, help="warm-up pages (256; tiny 4)")
+    p.add_argument("--kill", default="", help="kill one server of this row a third in")
+    p.add_argument("--quiet", type=float, default=1.0, help="inbox quiet_seconds")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    for k, v in common.ENV.items():
+        os.environ.setdefault(k, v)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tiny = args.tiny
+    args.pages = args.pages or (8 if tiny else 1024)
+    args.per_file = args.per_file or (4 if tiny else 8)
+    args.api_servers = args.api_servers or (2 if tiny else 8)
+    args.warm_pages = args.warm_pages or (4 if tiny else 256)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.model = args.model or args.work / ("tiny-model" if tiny else "model")
+    if not (args.model / "config.json").exists():
+        if tiny:
+            from tests.vllm_engine.tiny_model import build
+
+            build(args.model)
+        else:
+            inputs.build_model(args.model)
+    rows = [r for r in args.rows.split(",") if r] or (ROWS_TWO if args.gpus > 1 else ROWS_ONE)
+    pdfs = inputs.make_pdfs(args.work / "multi_pdfs", args.pages, args.per_file, 600_000)
+    warm_urls = inputs.data_urls(range(700_000, 700_000 + args.warm_pages))
+    results: list[dict] = []
+    for name in rows:
+        try:
+            results.append(run_row(name, args, pdfs, warm_urls))
+        except Exception as e:  # noqa: BLE001 - the next row still runs
+            results.append({"config": name, "error": f"{type(e).__name__}: {e}"[:3000]})
+            print("ROW FAILED", name, results[-1]["error"], flush=True)
+        common.save(args.out, "multi", {"rows": results, "gpu": Busy.query(),
+                                     "cores": os.cpu_count(), "knobs": common.knobs()})
+    text = table(results)
+    (args.out / "report_multi.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

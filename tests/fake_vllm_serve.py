@@ -1,0 +1,87 @@
+"""A fake `vllm serve` executable for the managed-server tests: run as
+`python fake_vllm_serve.py serve MODEL --port P --api-server-count N ...` in place of
+vLLM's CLI, with the flags ocrd gives the real one.
+
+Like the real server it takes a while before it answers /health, answers /v1/models with
+its --served-model-name and /v1/chat/completions with vLLM's JSON shapes after a page's
+time (tests/test_remote_engine.py's FakeVllm: HTTP 503 above its concurrency limit,
+requests of clients that hang up are dropped), and runs N front-end processes plus an
+engine core as children in its process group. Those children outlive it (as vLLM's may
+when their parent is killed), so only ending the whole group leaves nothing behind.
+
+Environment: FAKE_VLLM_START_SECONDS (0.5) before it listens, FAKE_VLLM_LATENCY (0.2 s
+a page), FAKE_VLLM_LIMIT (pages at once; default max_num_seqs), FAKE_VLLM_RECORD (a
+folder: PID.json with its argv, CUDA_VISIBLE_DEVICES and children, written at start),
+FAKE_VLLM_EXIT_ON_DEVICE (exit with code 3 before listening when CUDA_VISIBLE_DEVICES
+is this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from test_remote_engine import FakeVllm
+
+CHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+
+
+class FakeServe(FakeVllm):
+    served_name: str = ""
+
+    async def _answer(self, method: str, path: str, body: bytes,
+                      reader: asyncio.StreamReader) -> tuple[int | None, dict]:
+        if method == "GET" and path == "/health":
+            return 200, {}
+        if method == "GET" and path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": self.served_name,
+                                                     "object": "model"}]}
+        return await super()._answer(method, path, body, reader)
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["serve"])
+    p.add_argument("model")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-server-count", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--data-parallel-size", type=int, default=1)
+    args, _ = p.parse_known_args()
+    # front ends and an engine core that ignore SIGTERM: only SIGKILL to the group ends them
+    children = [subprocess.Popen([sys.executable, "-c", CHILD])
+                for _ in range(args.api_server_count + 1)]
+    record = os.environ.get("FAKE_VLLM_RECORD")
+    if record:
+        Path(record, f"{os.getpid()}.json").write_text(json.dumps({
+            "argv": sys.argv[1:], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "children": [c.pid for c in children], "pgid": os.getpgid(0)}))
+    await asyncio.sleep(float(os.environ.get("FAKE_VLLM_START_SECONDS", "0.5")))
+    exit_on = os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE")
+    if exit_on is not None and os.environ.get("CUDA_VISIBLE_DEVICES") == exit_on:
+        print("ERROR fake vllm serve: no usable GPU", flush=True)
+        sys.exit(3)
+    server = FakeServe(latency=float(os.environ.get("FAKE_VLLM_LATENCY", "0.2")),
+                       limit=int(os.environ.get("FAKE_VLLM_LIMIT", args.max_num_seqs)),
+                       port=args.port)
+    server.served_name = args.served_model_name or args.model
+    await server.start()
+    print(f"INFO fake vllm serve listening on {args.host}:{args.port}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop()
+    print("INFO fake vllm serve stopped (children left running)", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

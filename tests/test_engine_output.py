@@ -1,0 +1,62 @@
+"""The engine side owns its output format and its prompts: a DeepSeek-OCR-2 engine turns
+its grounding tags into Markdown with figures cropped from the page and follows the
+inbox's prompt (ocrd/engines/deepseek_ocr2.py); an engine of plain text does neither.
+The pipeline only asks the engine (Engine.page_markdown, keeps_page_image,
+follows_prompt)."""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from ocrd import engine_config
+from ocrd.engine_config import EngineConfig
+from ocrd.engines import deepseek_ocr2
+from ocrd.engines.base import PageRequest
+from ocrd.engines.faults import FaultyEngine
+from ocrd.engines.remote import RemoteEngine
+from ocrd.engines.simulated import SimulatedEngine
+
+FIGURE = ("<|ref|>title<|/ref|><|det|>[[10, 10, 900, 80]]<|/det|>\n# Report\n\n"
+          "<|ref|>image<|/ref|><|det|>[[100, 200, 600, 700]]<|/det|>")
+
+
+def page(color: str = "white") -> Image.Image:
+    return Image.new("RGB", (400, 600), color)
+
+
+def test_a_deepseek_engine_crops_figures_and_follows_the_prompt() -> None:
+    engine = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    assert engine.keeps_page_image and engine.follows_prompt
+    out = engine.page_markdown(FIGURE, page(), 3, "report.assets")
+    assert "# Report" in out.markdown and "<|ref|>" not in out.markdown
+    assert [f.name for f in out.figures] == ["p0003-1.png"]
+    assert out.figures[0].image.size == (200, 300)  # 400×600 page, box 100..600 of 999
+    assert "report.assets/p0003-1.png" in out.markdown
+
+
+def test_a_plain_text_engine_keeps_the_text_and_needs_no_image() -> None:
+    engine = SimulatedEngine(EngineConfig(kind="simulated"))
+    assert not engine.keeps_page_image and not engine.follows_prompt
+    out = engine.page_markdown("Line one\nLine two", None, 1, "x.assets")
+    assert out.markdown.splitlines()[:2] == ["Line one", "Line two"]
+    assert out.figures == [] and not out.malformed
+
+
+def test_the_faults_wrapper_keeps_the_inner_engines_format() -> None:
+    inner = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    wrapped = FaultyEngine(inner, engine_config.TestingFaultsConfig())
+    assert wrapped.keeps_page_image and wrapped.follows_prompt
+    assert wrapped.page_markdown(FIGURE, page(), 1, "a").figures
+
+
+def test_the_recipes_prompts() -> None:
+    req = PageRequest(image=page(), page_no=1, doc_id="d")
+    assert deepseek_ocr2.prompt(req) == "<image>\n<|grounding|>Convert the document to markdown. "
+    req = PageRequest(image=page(), page_no=1, doc_id="d", prompt_mode="text")
+    assert deepseek_ocr2.prompt(req) == "<image>\nFree OCR. "
+    req = PageRequest(image=page(), page_no=1, doc_id="d", prompt_mode="custom",
+                      custom_prompt="Describe the table.")
+    assert deepseek_ocr2.prompt(req) == "<image>\nDescribe the table."
+    req = PageRequest(image=page(), page_no=1, doc_id="d", prompt_mode="custom",
+                      custom_prompt="<image>Only this.")
+    assert deepseek_ocr2.prompt(req) == "<image>Only this."

@@ -1,0 +1,277 @@
+"""Several managed `vllm serve` processes (engine.vllm.servers_per_gpu, engine.vllm.gpus):
+the plan (ports, devices, shares of memory and front ends), the configuration's checks,
+and the supervision, with a fake `vllm serve` executable (tests/fake_vllm_serve.py: the
+real CLI's flags, a start-up delay, a page's time, a concurrency limit, child processes
+in its group that ignore SIGTERM) that the tests kill: the other server keeps converting,
+the killed one is started again, no page fails, and nothing is left after close().
+tests/vllm_engine/test_managed_server.py runs one real `vllm serve` (CPU build).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from PIL import Image
+
+from ocrd.config import EngineConfig
+from ocrd.engines import create_engine, supervised
+from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.managed import ManagedServerEngine, plan_servers, server_args
+from ocrd.engines.supervised import group_alive
+from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.pipeline import EngineGate
+
+FAKE = [sys.executable, str(Path(__file__).parent / "fake_vllm_serve.py")]
+MODEL = "deepseek-ai/DeepSeek-OCR-2"
+
+
+def engine_config(model: str = MODEL, **vllm: Any) -> EngineConfig:
+    return EngineConfig.model_validate({
+        "kind": "vllm", "model": model, "max_tokens": 64, "loop_retries": 0,
+        "vllm": {"max_num_seqs": 4, **vllm}})
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    return {a: args[i + 1] for i, a in enumerate(args[:-1])
+            if a.startswith("--") and not args[i + 1].startswith("--")}
+
+
+def page(n: int) -> PageRequest:
+    return PageRequest(image=Image.new("RGB", (64, 80), (n % 256, 255, 255)), page_no=n,
+                       doc_id=f"doc{n}")
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of pids that are still running (zombies aside)."""
+    left = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.append(pid)
+    return left
+
+
+def recorded(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+async def convert_waiting(engine: ManagedServerEngine, p: PageRequest) -> PageOutput:
+    """As the daemon does: a page that meets EngineUnavailable waits at the engine gate
+    (which polls health()) and is sent again; any other error fails it."""
+    gate = EngineGate(engine)
+    while True:
+        await gate.open.wait()
+        try:
+            return await engine.ocr(p)
+        except EngineUnavailable as e:
+            await gate.wait(e)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> str:
+    """A local model folder with DeepSeek-OCR-2's language config (no head_dim)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"language_config": {
+        "hidden_size": 1280, "num_attention_heads": 10, "qk_rope_head_dim": 0}}))
+    return str(folder)
+
+
+@pytest.fixture
+def fake_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    # the fake's children ignore SIGTERM: SIGKILL comes after this long (30 s in service)
+    monkeypatch.setattr(supervised, "STOP_TIMEOUT_SECONDS", 3.0)
+    record = tmp_path / "servers"
+    record.mkdir()
+    return {"FAKE_VLLM_RECORD": str(record), "FAKE_VLLM_START_SECONDS": "0.5",
+            "FAKE_VLLM_LATENCY": "0.2", "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+            "HF_HUB_OFFLINE": "1"}
+
+
+# ---- the plan and the configuration -----------------------------------------------------
+
+def test_servers_per_gpu_and_gpus_split_memory_front_ends_and_devices() -> None:
+    cfg = engine_config(gpus=[0, 1], servers_per_gpu=2, api_servers=8,
+                        gpu_memory_utilization=0.9, server_port=9100)
+    specs = plan_servers(cfg)
+    assert [s.devices for s in specs] == ["0", "0", "1", "1"]
+    assert [s.port for s in specs] == [9100, 9101, 9102, 9103]
+    assert {s.api_servers for s in specs} == {4}
+    assert {s.gpu_memory_utilization for s in specs} == {0.45}
+    args = flags(server_args(cfg, specs[3].port, specs[3].api_servers, None,
+                             specs[3].gpu_memory_utilization))
+    assert args["--port"] == "9103" and args["--api-server-count"] == "4"
+    assert args["--gpu-memory-utilization"] == "0.45"
+    # free ports when none is given, all different
+    free = plan_servers(engine_config(servers_per_gpu=3))
+    assert len({s.port for s in free}) == 3 and {s.devices for s in free} == {None}
+    assert {s.api_servers for s in free} == {1}
+
+
+def test_data_parallel_in_one_server_spans_its_gpus() -> None:
+    """vLLM's own data parallelism: one server over both GPUs, --data-parallel-size 2."""
+    cfg = engine_config(gpus=[0, 1], data_parallel_size=2, api_servers=8)
+    [spec] = plan_servers(cfg)
+    assert spec.devices == "0,1" and spec.api_servers == 8
+    args = flags(server_args(cfg, spec.port, spec.api_servers))
+    assert args["--data-parallel-size"] == "2" and args["--tensor-parallel-size"] == "1"
+
+
+def test_config_checks_and_the_engine_chosen(tmp_path: Path) -> None:
+    assert not engine_config().vllm.managed
+    for managed in ({"servers_per_gpu": 2}, {"gpus": [1]}, {"api_servers": 2}):
+        cfg = engine_config(**managed)
+        assert cfg.vllm.managed
+        assert isinstance(create_engine(cfg), ManagedServerEngine)
+    engine = create_engine(engine_config(servers_per_gpu=2, api_servers=8, max_num_seqs=100))
+    # every server's batch full plus a few pages per front end, on each server
+    assert engine.max_concurrency == 2 * (100 + 4 * 4)
+    for bad, words in (({"gpus": [0, 0]}, "each device once"),
+                       ({"gpus": [0, 1, 2], "data_parallel_size": 2}, "do not split"),
+                       ({"server_port": 65535, "servers_per_gpu": 2}, "pass 65535")):
+        with pytest.raises(ValueError, match=words):
+            engine_config(**bad)
+    # and check-config says so
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"engine": {"kind": "vllm", "vllm": {"gpus": [0, 1, 2],
+                                                                       "data_parallel_size": 2}},
+                                    "inboxes": [{"path": str(tmp_path / "in"),
+                                                 "outbox": str(tmp_path / "out")}]}))
+    res = subprocess.run([sys.executable, "-m", "ocrd", "check-config", "-c", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "do not split" in res.stdout + res.stderr
+
+
+# ---- supervision, with the fake server ------------------------------------------------
+
+def test_a_killed_server_is_restarted_while_the_other_converts(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    cfg = engine_config(model, servers_per_gpu=2, api_servers=4, gpus=[3])
+    record = tmp_path / "servers"
+
+    async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
+        engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE)
+        facts: dict[str, Any] = {}
+        await engine.start()
+        try:
+            facts["health"] = await engine.health()
+            facts["servers_at_start"] = recorded(record)
+            first, second = engine.servers
+            done: list[tuple[float, str]] = []
+
+            async def one(n: int) -> PageOutput:
+                out = await convert_waiting(engine, page(n))
+                done.append((time.monotonic(), out.extra["server"]))
+                return out
+
+            tasks = [asyncio.create_task(one(n)) for n in range(60)]
+            while len(done) < 10:
+                await asyncio.sleep(0.05)
+            facts["killed_pgid"] = first.proc.pid
+            facts["killed_at"] = time.monotonic()
+            os.killpg(first.proc.pid, signal.SIGKILL)  # the whole server, as the OOM killer
+            facts["pages"] = await asyncio.gather(*tasks)
+            facts["done"] = done
+            while first.restarts < 1 or not first.up:
+                await asyncio.sleep(0.05)
+            facts["back_at"] = time.monotonic()
+            # pages go to the restarted server again (once the client stops avoiding it)
+            later: list[PageOutput] = []
+            while first.url not in {p.extra["server"] for p in later}:
+                later += await asyncio.gather(*(convert_waiting(engine, page(100 + i))
+                                                for i in range(8)))
+            facts["later"] = later
+            facts["second_pgids"] = list(second.pgids)
+        finally:
+            await engine.close()
+        facts["health_closed"] = await engine.health()
+        return engine, facts
+
+    engine, facts = asyncio.run(asyncio.wait_for(run(), 120))
+    first, second = engine.servers
+    # both servers on device 3, half the memory and half the front ends each
+    assert len(facts["servers_at_start"]) == 2 and facts["health"] is True
+    for rec in facts["servers_at_start"]:
+        assert rec["cuda"] == "3"
+        f = flags(rec["argv"])
+        assert rec["argv"][:2] == ["serve", model] and f["--served-model-name"] == model
+        assert f["--api-server-count"] == "2" and f["--gpu-memory-utilization"] == "0.45"
+        assert json.loads(f["--hf-overrides"]) == {"text_config": {"head_dim": 128}}
+    # no page failed: all 60 came back with text, from both servers
+    assert len(facts["pages"]) == 60 and all(p.text for p in facts["pages"])
+    assert {s for _, s in facts["done"]} == {first.url, second.url}
+    # while the killed one was down, the other kept converting
+    assert any(facts["killed_at"] < t < facts["back_at"] and s == second.url
+               for t, s in facts["done"])
+    # the killed one (only it) was started again, in a new process group, and serves
+    assert first.restarts == 1 and second.restarts == 0
+    assert len(first.pgids) == 2 and facts["killed_pgid"] == first.pgids[0]
+    assert facts["second_pgids"] == second.pgids and len(second.pgids) == 1
+    assert first.url in {p.extra["server"] for p in facts["later"]}
+    # close(): nothing left of any server, children that ignore SIGTERM included
+    assert facts["health_closed"] is False
+    assert not any(group_alive(pgid) for pgid in engine.pgids)
+    children = [pid for rec in recorded(tmp_path / "servers") for pid in rec["children"]]
+    assert len(children) == 3 * 3 and alive(children) == []
+
+
+def test_start_is_ready_only_when_every_server_is(fake_env: dict[str, str], model: str,
+                                                 tmp_path: Path) -> None:
+    """One server per GPU; the one on device 1 cannot start: start() fails (EngineDead
+    with its output) and the one on device 0 is stopped, nothing left running."""
+    cfg = engine_config(model, gpus=[0, 1])
+    env = {**fake_env, "FAKE_VLLM_EXIT_ON_DEVICE": "1"}
+
+    async def run() -> ManagedServerEngine:
+        engine = ManagedServerEngine(cfg, env=env, program=FAKE)
+        with pytest.raises(EngineDead, match="gpu1.1.*exited with code 3"):
+            await engine.start()
+        return engine
+
+    engine = asyncio.run(asyncio.wait_for(run(), 60))
+    assert len(engine.pgids) == 2
+    assert not any(group_alive(pgid) for pgid in engine.pgids)
+    children = [pid for rec in recorded(tmp_path / "servers") for pid in rec["children"]]
+    assert children and alive(children) == []
+
+
+def test_a_server_whose_children_outlive_it_is_noticed_and_cleared(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """Only the server's main process dies; its front ends and engine core live on,
+    ignore SIGTERM and hold its output pipe (asyncio's wait() waits for that pipe's end):
+    the supervisor sees the death by the exit status, ends the leftovers (SIGKILL) and
+    starts the server again, which then converts."""
+    cfg = engine_config(model, api_servers=2)
+
+    async def run() -> tuple[ManagedServerEngine, list[int], list[PageOutput]]:
+        engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE)
+        await engine.start()
+        try:
+            [server] = engine.servers
+            [rec] = recorded(tmp_path / "servers")
+            os.kill(server.proc.pid, signal.SIGKILL)  # the main process alone
+            while server.restarts < 1 or not server.up:
+                await asyncio.sleep(0.05)
+            pages = await asyncio.gather(*(convert_waiting(engine, page(i)) for i in range(4)))
+        finally:
+            await engine.close()
+        return engine, rec["children"], pages
+
+    engine, first_children, pages = asyncio.run(asyncio.wait_for(run(), 60))
+    assert engine.restarts == 1 and all(p.text for p in pages)
+    assert alive(first_children) == []
+    assert not any(group_alive(pgid) for pgid in engine.pgids)
