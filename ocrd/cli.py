@@ -267,10 +267,12 @@ def _positive(text: str) -> int:
 def _convert_config(args: argparse.Namespace) -> Config:
     """The config for one `ocrd convert`: the file's (or the defaults), with what the
     command line says on top."""
+    # convert keeps no state and serves no metrics: state_dir may be left out
+    unused = {"state_dir": ".", "metrics": {"listen": None}}
     if args.config:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, defaults=unused)
     else:
-        cfg = parse_config({"state_dir": ".", "metrics": {"listen": None}}, Path.cwd())
+        cfg = parse_config(unused, Path.cwd())
     engine = cfg.engine.model_dump()
     if args.engine:
         engine["kind"] = args.engine

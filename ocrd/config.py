@@ -138,7 +138,12 @@ class InboxConfig(_Strict):
 
 
 class RenderConfig(_Strict):
-    dpi: int = Field(default=144, ge=36, le=600)
+    # born-digital pages; None = the engine's choice (tesseract 300, DeepSeek-OCR-2 144)
+    dpi: int | None = Field(default=None, ge=36, le=1200)
+    # a scanned page (one image covering it) renders at its image's own resolution,
+    # within these; None = the engine's choice (tesseract 200-600, DeepSeek-OCR-2 144-200)
+    scan_min_dpi: int | None = Field(default=None, ge=36, le=2400)
+    scan_max_dpi: int | None = Field(default=None, ge=36, le=2400)
     renderer: Literal["pypdfium2", "pdf2image"] = "pypdfium2"
     # render worker processes; 0 = one per CPU core
     workers: int = Field(default=0, ge=0)
@@ -151,6 +156,9 @@ class LimitsConfig(_Strict):
     max_file_bytes: int = Field(default=2 * 1024**3, ge=1)
     # per page image, after rendering; guards against decompression bombs
     max_pixels: int = Field(default=200_000_000, ge=1)
+    # page images in flight, all files together (ocrd/budget.py); a page that would cost
+    # more is rendered at a lower dpi
+    memory_bytes: int = Field(default=1024**3, ge=64 * 1024**2)
 
 
 class ScheduleConfig(_Strict):
@@ -310,7 +318,9 @@ def parse_config(data: Any, base: Path) -> Config:
     return cfg.resolve(base)
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
+    """The config in the file at `path`; `defaults` fill keys the file leaves out (for
+    commands that do not need them, such as `state_dir` for `ocrd convert`)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -322,4 +332,6 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if defaults and isinstance(data, dict):
+        data = {**defaults, **data}
     return parse_config(data, p.resolve().parent)

@@ -24,6 +24,10 @@ class TesseractConfig(_Strict):
     # tesseract processes at once; 0 = one per CPU core
     workers: int = Field(default=0, ge=0)
     timeout_seconds: float = Field(default=300.0, gt=0)
+    # a page read with little confidence is checked with tesseract's OSD and turned
+    orientation: bool = True
+    # OSD's confidence below which a page is read as it lies
+    orientation_confidence: float = Field(default=5.0, ge=0)
 
 
 class NGramConfig(_Strict):

@@ -45,6 +45,12 @@ class UnsupportedFormat(OcrdError):
     reason = "unsupported_format"
 
 
+class Damaged(OcrdError):
+    """A complete file (its end is there) that still cannot be read."""
+
+    reason = "damaged"
+
+
 class Unreadable(OcrdError):
     reason = "unreadable"
 

@@ -26,6 +26,7 @@ from .inboxes import Inbox, Inboxes
 from .journal import JournalUnwritable
 from .outcomes import STATE_BACKOFF_SECONDS
 from .readiness import Candidate
+from .resolution import ESTIMATE_DPI
 from .watch import Entry, entry_for
 
 log = structlog.get_logger("ocrd.intake")
@@ -153,7 +154,8 @@ class Intake:
             lim = self.cfg.limits
             try:
                 info = await self.probe_pool.call(
-                    pages.probe, safefs.fd_path(fd), self.cfg.render.dpi, lim.max_pages,
+                    pages.probe, safefs.fd_path(fd), self.cfg.render.dpi or ESTIMATE_DPI,
+                    lim.max_pages,
                     lim.max_file_bytes, lim.max_pixels)
             except errors.OcrdError as e:
                 return e, checked

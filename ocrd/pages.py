@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from PIL import Image, ImageOps
 
-from . import errors, safefs
+from . import errors, modes, pdffaults, resolution, safefs
+from .resolution import Resolution
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.
 IMAGE_FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "WEBP", "BMP", "GIF", "PPM", "JPEG2000"}
@@ -54,37 +55,40 @@ class DocInfo:
 
 @dataclass(frozen=True)
 class RenderedPage:
-    """One page as raw 8-bit RGB, cheap to send between processes."""
+    """One page as packed pixels (8-bit RGB, grey, or 1-bit rows with 1 = black: see
+    ocrd/modes.py), cheap to send between processes."""
 
     index: int  # 0-based
     width: int
     height: int
-    data: bytes
+    data: bytes | bytearray
     dpi: float  # the dpi actually used (lower than asked for oversized pages)
     # in a render worker: the tmpfs file that already holds the pixels (data is empty)
     shared: str | None = field(default=None, compare=False, repr=False)
     # the console's JPEG preview of the page, made in the worker (ocrd/previews.py)
     preview: bytes | None = field(default=None, compare=False, repr=False)
+    mode: str = "RGB"  # "RGB", "L" (grey) or "1" (packed bits)
 
-    def to_image(self) -> Image.Image:
-        return Image.frombytes("RGB", (self.width, self.height), self.data)
+    def to_image(self, data: bytes | bytearray | None = None) -> Image.Image:
+        return modes.to_image(self.mode, self.width, self.height,
+                              self.data if data is None else data)
 
-    def to_ppm(self) -> bytes:
-        """Binary PPM: what tesseract reads from stdin without any encoding cost."""
-        return b"P6\n%d %d\n255\n" % (self.width, self.height) + self.data
+    def pnm_header(self) -> bytes:
+        """Binary PNM's header: with `data` after it, what tesseract reads from stdin."""
+        return modes.pnm_header(self.mode, self.width, self.height)
 
     def __reduce__(self) -> tuple:
         # In a render worker, large pixel data leaves through tmpfs (see below).
         if self.shared is not None:
             return (_from_shared, (self.index, self.width, self.height, self.dpi,
-                                   self.shared, self.preview))
+                                   self.shared, self.preview, self.mode))
         if _shared_tag is not None and len(self.data) >= SHARED_MIN_BYTES:
             path = _to_shared(self.data)
             if path is not None:
                 return (_from_shared, (self.index, self.width, self.height, self.dpi, path,
-                                       self.preview))
+                                       self.preview, self.mode))
         return (RenderedPage, (self.index, self.width, self.height, self.data, self.dpi,
-                               None, self.preview))
+                               None, self.preview, self.mode))
 
 
 # ---------------------------------------------------------------------------------------
@@ -175,12 +179,12 @@ def _scratch_bitmap(width: int, height: int, format: int, rev_byteorder: bool = 
 
 
 def _from_shared(index: int, width: int, height: int, dpi: float, path: str,
-                 preview: bytes | None = None) -> RenderedPage:
+                 preview: bytes | None = None, mode: str = "RGB") -> RenderedPage:
     """Main side (unpickling a worker's page): read the file and remove it."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.unlink(path)
-        size = width * height * 3
+        size = modes.packed_size(mode, width, height)
         data = os.read(fd, size)
         if len(data) < size:  # a short read: rare, but allowed
             chunks = [data]
@@ -191,11 +195,11 @@ def _from_shared(index: int, width: int, height: int, dpi: float, path: str,
             data = b"".join(chunks)
     finally:
         os.close(fd)
-    return RenderedPage(index, width, height, data, dpi, preview=preview)
+    return RenderedPage(index, width, height, data, dpi, preview=preview, mode=mode)
 
 
 def pixels(page: RenderedPage) -> bytes:
-    """The page's packed RGB, also in the worker that rendered it (where it may already
+    """The page's packed pixels, also in the worker that rendered it (where it may already
     sit in its tmpfs file)."""
     if page.data or page.shared is None:
         return page.data
@@ -356,14 +360,7 @@ def _poppler_count(path: str) -> int:
 
 
 def _pdf_error(text: str) -> errors.OcrdError:
-    low = text.lower()
-    if "password" in low:
-        return errors.Encrypted(
-            "the PDF is encrypted with a password; remove it first, e.g. "
-            "`qpdf --decrypt --password=PASSWORD in.pdf out.pdf`")
-    if "trailer" in low or "format" in low or "syntax" in low or "xref" in low:
-        return errors.Truncated(f"the PDF is damaged or truncated ({text.strip()})")
-    return errors.Unreadable(f"the PDF cannot be read ({text.strip()})")
+    return pdffaults.pdf_error(text)
 
 
 def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
@@ -452,21 +449,23 @@ def forget(path: str) -> None:
         _open_pdf.pop(key).close()
 
 
-def render_page(path: str, info: DocInfo, index: int, dpi: int, max_pixels: int,
-                renderer: str | None = None) -> RenderedPage:
-    """Render page `index` (0-based) as RGB at `dpi`, lowered for oversized pages so the
-    image stays within `max_pixels`."""
+def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
+                max_pixels: int, renderer: str | None = None) -> RenderedPage:
+    """Render page `index` (0-based) as RGB at `dpi` (with a `Resolution`, a scanned page
+    at about its image's own resolution), lowered for oversized pages so the image stays
+    within `max_pixels`."""
     renderer = renderer or info.renderer
+    res = dpi if isinstance(dpi, Resolution) else Resolution(dpi, dpi, dpi)
     if info.kind == "image":
-        return _render_image(path, index, max_pixels)
+        return _render_image(path, index, max_pixels, res.grey)
     if renderer == "pypdfium2":
         try:
-            return _render_pdfium(path, index, dpi, max_pixels)
+            return _render_pdfium(path, index, res, max_pixels)
         except errors.Encrypted:
             raise
         except errors.OcrdError:
-            return _render_poppler(path, index, dpi, max_pixels)
-    return _render_poppler(path, index, dpi, max_pixels)
+            return _render_poppler(path, index, res, max_pixels)
+    return _render_poppler(path, index, res, max_pixels)
 
 
 def _fit_dpi(width_pt: float, height_pt: float, dpi: float, max_pixels: int) -> float:
@@ -476,17 +475,27 @@ def _fit_dpi(width_pt: float, height_pt: float, dpi: float, max_pixels: int) -> 
     return dpi * (max_pixels / px) ** 0.5 * 0.999
 
 
-def _render_pdfium(path: str, index: int, dpi: float, max_pixels: int) -> RenderedPage:
+def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> RenderedPage:
     import pypdfium2 as pdfium
 
     doc = _pdfium_doc(path)
     try:
         page = doc[index]
         w, h = page.get_size()
-        dpi = _fit_dpi(w, h, dpi, max_pixels)
+        found = None if res.fixed else resolution.scan(page)
+        one_bit = res.grey and found is not None and found[1] == 1
+        mode = "1" if one_bit else "L" if res.grey else "RGB"
+        dpi = _fit_dpi(w, h, res.for_scan(found[0] if found else None),
+                       res.max_pixels(mode, max_pixels))
+        if res.grey:  # in its own mode, for an engine that reads grey
+            width, height, data, mode = modes.render_grey(page, dpi, one_bit)
+            pdffaults.check_page_size(width, height, index, "PDFium")
+            page.close()
+            return RenderedPage(index, width, height, data, dpi, mode=mode)
         maker = {"bitmap_maker": _scratch_bitmap} if _shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
                              **maker)
+        pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium")
         if bitmap.mode != "RGB":
             img = bitmap.to_pil()
             page.close()
@@ -513,25 +522,28 @@ def _rgb_rows(buf: memoryview, width: int, height: int, stride: int) -> bytes:
     return b"".join(buf[y * stride:y * stride + row] for y in range(height))
 
 
-def _render_poppler(path: str, index: int, dpi: float, max_pixels: int) -> RenderedPage:
+def _render_poppler(path: str, index: int, res: Resolution, max_pixels: int) -> RenderedPage:
     from pdf2image import convert_from_path
 
+    dpi = res.dpi
+    max_pixels = res.max_pixels("L" if res.grey else "RGB", max_pixels)
     try:
         imgs = convert_from_path(path, dpi=dpi, first_page=index + 1, last_page=index + 1,
-                                 fmt="ppm", timeout=600)
+                                 fmt="ppm", timeout=600, grayscale=res.grey)
     except Exception as e:  # noqa: BLE001 - poppler reports everything as text
         raise _pdf_error(str(e)) from None
     if not imgs:
         raise errors.RenderFailed(f"page {index + 1} rendered to nothing")
     img = imgs[0]
+    pdffaults.check_page_size(img.width, img.height, index, "poppler")
     if img.width * img.height > max_pixels:
         scale = (max_pixels / (img.width * img.height)) ** 0.5
         img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
         dpi *= scale
-    return _pack(img, index, dpi)
+    return _pack(img, index, dpi, res.grey)
 
 
-def _render_image(path: str, index: int, max_pixels: int) -> RenderedPage:
+def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) -> RenderedPage:
     try:
         with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
             if im.width * im.height > max_pixels:
@@ -545,7 +557,7 @@ def _render_image(path: str, index: int, max_pixels: int) -> RenderedPage:
     except (OSError, SyntaxError, EOFError, ValueError) as e:
         raise errors.Truncated(f"page {index + 1} of the image cannot be decoded ({e})") \
             from None
-    return _pack(img, index, 0.0)
+    return _pack(img, index, 0.0, grey)
 
 
 def to_rgb(im: Image.Image) -> Image.Image:
@@ -568,9 +580,11 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB") if im.mode != "RGB" else im
 
 
-def _pack(img: Image.Image, index: int, dpi: float) -> RenderedPage:
+def _pack(img: Image.Image, index: int, dpi: float, grey: bool = False) -> RenderedPage:
     img = to_rgb(img)
-    return RenderedPage(index, img.width, img.height, img.tobytes(), dpi)
+    if grey:
+        img = img.convert("L")
+    return RenderedPage(index, img.width, img.height, img.tobytes(), dpi, mode=img.mode)
 
 
 def _warm() -> int:

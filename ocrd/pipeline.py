@@ -23,7 +23,8 @@ from typing import Any
 
 import structlog
 
-from . import __version__, errors, names, outbox, pages, pdfout, records, safefs
+from . import __version__, budget, errors, names, outbox, pages, pdfout, records, safefs
+from . import resolution as resolutions
 from .config import Config
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
@@ -124,11 +125,19 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
+        self.resolution = resolutions.choose(cfg.render, engine, cfg.limits.memory_bytes)
+        # page images in flight, all documents together (ocrd/budget.py)
+        self.memory = budget.MemoryBudget(cfg.limits.memory_bytes)
         # Pages on their way to the engine (rendering or waiting for a slot), plus one
         # for each document still preparing (hash, folders) that will render soon.
         self.pending = 0
         # Called when a page moves on or a document finishes (the scheduler's poke).
         self.on_progress: Callable[[], None] | None = None
+
+    def set_memory(self, memory_bytes: int) -> None:
+        """A reloaded memory budget: for pages rendered from now on."""
+        self.memory.resize(memory_bytes)
+        self.resolution = replace(self.resolution, page_budget=memory_bytes)
 
     def has_room(self) -> bool:
         """The engine could take more pages than are in it and on their way."""
@@ -140,7 +149,7 @@ class Converter:
 
     async def probe(self, path: str) -> pages.DocInfo:
         lim = self.cfg.limits
-        return await self.pool.call(pages.probe, path, self.cfg.render.dpi,
+        return await self.pool.call(pages.probe, path, self.resolution.dpi,
                                     lim.max_pages, lim.max_file_bytes, lim.max_pixels)
 
     async def convert(self, src: Source, out_dir: safefs.Dir, perms: outbox.Perms) -> Written:
@@ -204,26 +213,35 @@ class Converter:
             fn = render_with_preview if first and self.previews is not None \
                 else pages.render_page
             return await self.pool.call(
-                fn, src.path, info, i, self.cfg.render.dpi, self.cfg.limits.max_pixels)
+                fn, src.path, info, i, self.resolution, self.cfg.limits.max_pixels)
 
         # An engine whose output has figures has them cropped from the page afterwards,
         # so its pages keep their image; others are held only until the engine takes them.
         keep_image = self.engine.keeps_page_image
+
+        # what the next page is likely to cost (the memory budget): an A4 page at first,
+        # then what this document's last page cost
+        guess = [self.resolution.cost(self.engine.page_mode, self.resolution.a4_pixels())]
 
         async def one(i: int) -> None:
             # Counted here, not where the loop below takes the look-ahead token: a task
             # cancelled before it starts never runs its finally.
             self.pending += 1
             held = True
+            memory = budget.Reservation(self.memory)
             try:
+                await memory.reserve(guess[0])
                 t = time.time()
                 rendered = await render(i, first=True)
                 render_s = time.time() - t
+                guess[0] = self.resolution.cost(rendered.mode, rendered.width * rendered.height)
+                await memory.settle(guess[0])
                 if self.previews is not None:
                     self.previews.page(src.sha256, i + 1, rendered)  # queued, not waited for
                 size = replace(rendered, data=b"")  # what the sidecar needs
-                # A page waits for its slot as packed RGB (a Pillow RGB image takes a
-                # third more) and becomes an image when handed to the engine. The
+                # A page waits for its slot packed (RGB; grey or 1-bit for an engine
+                # that reads those: a Pillow RGB image takes a third more) and becomes
+                # an image when handed to an engine that wants one. The
                 # pipeline then keeps no reference while the engine works (a GPU engine
                 # keeps tensors, not pixels; a retry renders the page again), so pages
                 # in the engine cost the pipeline no memory.
@@ -233,10 +251,12 @@ class Converter:
 
                 async def request() -> PageRequest:
                     page = waiting.pop() if waiting else await render(i)
-                    req = PageRequest(image=page.to_image(), page_no=i + 1,
+                    own_mode = self.engine.page_mode != "RGB"
+                    req = PageRequest(image=None if own_mode else page.to_image(),
+                                      rendered=page if own_mode else None, page_no=i + 1,
                                       doc_id=src.sha256 or src.name,
                                       prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
-                                      custom_prompt=src.custom_prompt)
+                                      custom_prompt=src.custom_prompt, dpi=page.dpi)
                     if keep_image:
                         kept[:] = [req.image]
                     return req
@@ -260,6 +280,7 @@ class Converter:
                 blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
                            tokens=out.tokens, finish=out.finish_reason)
             finally:
+                memory.release()
                 if held:
                     moved_on()
 
@@ -336,6 +357,7 @@ class Converter:
             "width": rendered.width,
             "height": rendered.height,
             "dpi": round(rendered.dpi, 2) if rendered.dpi else None,
+            "rotation": out.rotation,
             "render_seconds": round(render_s, 4),
             "engine_seconds": round(out.seconds, 4),
             "started_at": out.started_at,

@@ -26,6 +26,7 @@ import structlog
 from PIL import Image
 
 from .pages import DocInfo, RenderedPage, pixels, render_page
+from .resolution import Resolution
 
 log = structlog.get_logger("ocrd.previews")
 
@@ -69,13 +70,15 @@ def encode(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def render_with_preview(path: str, info: DocInfo, index: int, dpi: int,
+def render_with_preview(path: str, info: DocInfo, index: int, dpi: float | Resolution,
                         max_pixels: int) -> RenderedPage:
     """pages.render_page, plus the page's preview — run in a render worker, so that the
     preview costs worker time beside rendering, never the daemon's loop or its GIL."""
     page = render_page(path, info, index, dpi, max_pixels)
     try:
-        image = Image.frombytes("RGB", (page.width, page.height), pixels(page))
+        image = page.to_image(pixels(page))
+        if page.mode == "1":  # a 1-bit scan: its preview is small anyway
+            image = image.convert("L")
         return replace(page, preview=encode(image))
     except (OSError, ValueError, MemoryError) as e:
         log.warning("preview_failed", page=index + 1, error=str(e))

@@ -11,6 +11,8 @@ from typing import Any
 from daemon_process import DaemonProcess
 from daemon_process import wait_for as wait_for  # the tests take it from here
 
+from bench.corpus import recall as word_recall
+
 WORDS = ("invoice payment customer account balance report quarter revenue "
          "shipment delivery warehouse contract signature address number total").split()
 
@@ -59,16 +61,7 @@ def words(text: str) -> list[str]:
 
 def recall(expected: list[str], got: str) -> float:
     """Share of expected words found in the output (multiset)."""
-    want = words(" ".join(expected))
-    have: dict[str, int] = {}
-    for w in words(got):
-        have[w] = have.get(w, 0) + 1
-    hit = 0
-    for w in want:
-        if have.get(w, 0) > 0:
-            have[w] -= 1
-            hit += 1
-    return hit / max(1, len(want))
+    return word_recall(words(" ".join(expected)), words(got)) or 0.0
 
 
 def without_read_override() -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from PIL import Image
 
@@ -25,11 +25,15 @@ PromptMode = Literal["markdown", "text", "custom"]
 class PageRequest:
     """One rendered page on its way to the engine."""
 
-    image: Image.Image  # RGB
+    image: Image.Image | None  # RGB; None when `rendered` is given instead
     page_no: int  # 1-based
     doc_id: str  # stable per document; engines use it to name requests
     prompt_mode: PromptMode = "markdown"
     custom_prompt: str | None = None  # used when prompt_mode == "custom"
+    dpi: float = 0.0  # the page's render resolution; 0 = not known (an image file)
+    # for an engine whose page_mode is not RGB: the page as rendered, packed in its own
+    # mode (pages.RenderedPage: grey or 1-bit), not made into a Pillow image
+    rendered: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,9 @@ class PageOutput:
     # timestamps (time.time()) when the engine started and finished this page
     started_at: float = 0.0
     finished_at: float = 0.0
+    # degrees (clockwise) the page was turned before it was read; None = the
+    # engine does not detect orientation
+    rotation: int | None = None
     extra: dict = field(default_factory=dict)
     # the page's words with their boxes, where the engine gives them (None: no geometry)
     words: list[Word] | None = None
@@ -74,6 +81,17 @@ class Engine(abc.ABC):
     output_format: Literal["grounding", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
+    # The resolution it reads best (ocrd/resolution.py): born-digital pages at
+    # render_dpi, scans at their own resolution within scan_dpi. DeepSeek-OCR-2 resizes
+    # pages to 1024/768 px, and its recipe renders at 144 dpi.
+    render_dpi: int = 144
+    scan_dpi: tuple[int, int] = (144, 200)
+    # "RGB"; "L" for an engine that reads grey: it gets pages rendered grey, and 1-bit
+    # scans as packed bits (PageRequest.rendered; ocrd/modes.py)
+    page_mode: str = "RGB"
+    # Bytes a page costs per pixel, by mode, from rendering until the engine is done
+    # with it (ocrd/budget.py): here the packed page (3) and its Pillow image (4).
+    pixel_bytes: dict[str, float] = {"RGB": 7.0}  # noqa: RUF012 - read only
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load models, connect, check the installation. May take minutes."""

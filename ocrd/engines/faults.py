@@ -26,6 +26,10 @@ class FaultyEngine(Engine):
         self.model = inner.model
         self.output_format = inner.output_format
         self.max_concurrency = inner.max_concurrency
+        self.render_dpi = inner.render_dpi
+        self.scan_dpi = inner.scan_dpi
+        self.page_mode = inner.page_mode
+        self.pixel_bytes = inner.pixel_bytes
         self.calls = 0
         self._started = 0.0
         self._rng = random.Random(0)

@@ -15,21 +15,34 @@ import os
 import re
 import shutil
 import time
+from dataclasses import replace
+from typing import Any
 
 import structlog
+from PIL import Image
 
+from .. import modes
 from ..config import EngineConfig
 from ..errors import EngineDead
-from ..pages import RenderedPage
-from . import tesseract_tsv
-from .base import Engine, PageOutput, PageRequest, Word
+from . import orientation, tesseract_tsv
+from .base import Engine, PageOutput, PageRequest
 
 log = structlog.get_logger("ocrd.engine.tesseract")
+
+FEED_BYTES = 1 << 20  # written to tesseract's stdin at a time
 
 
 class TesseractEngine(Engine):
     kind = "tesseract"
     output_format = "text"
+    # tesseract is trained on ~300 dpi text (at 144 dpi it loses accents); a scan keeps
+    # its own resolution down to 200 dpi (upscaling it costs time and finds nothing more)
+    render_dpi = 300
+    scan_dpi = (200, 600)
+    page_mode = "L"  # it binarises pages itself: colour only costs memory and time
+    # measured peak RSS of tesseract 5.3 per pixel (6.5 for a 1-bit page, 9.5 grey), plus
+    # the packed page in the daemon and the render worker
+    pixel_bytes = {"1": 7.5, "L": 11.0, "RGB": 17.0}  # noqa: RUF012 - read only
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg.tesseract
@@ -38,6 +51,7 @@ class TesseractEngine(Engine):
         self.binary = shutil.which("tesseract")
         self.version = "?"
         self.model = f"tesseract:{self.cfg.lang}"
+        self.orientation = self.cfg.orientation
 
     async def start(self) -> None:
         if self.binary is None:
@@ -54,6 +68,10 @@ class TesseractEngine(Engine):
             stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()
         have = set(out.decode(errors="replace").split())
+        if self.orientation and "osd" not in have:
+            self.orientation = False
+            log.warning("orientation_off", why="tesseract has no 'osd' language data "
+                        "(apt-get install tesseract-ocr-osd): pages are read as they lie")
         missing = [lang for lang in self.cfg.lang.split("+") if lang not in have]
         if missing:
             raise EngineDead(f"tesseract has no language data for {'+'.join(missing)} "
@@ -62,44 +80,130 @@ class TesseractEngine(Engine):
                  lang=self.cfg.lang, workers=self.max_concurrency)
 
     async def ocr(self, page: PageRequest) -> PageOutput:
-        ppm = RenderedPage(page.page_no - 1, page.image.width, page.image.height,
-                           page.image.convert("RGB").tobytes(), 0).to_ppm()
         async with self._slots:
             started = time.time()
-            text, words = await self._run(ppm)
+            tsv = await self._read(page, _pnm_parts(page))
+            rotation = 0 if self.orientation else None
+            if self.orientation and tesseract_tsv.doubtful(tsv):
+                # an upside-down page reads as confident-less garbage (a sideways one
+                # tesseract reads as it lies): ask OSD, keep the better reading
+                angle = await orientation.detect(self._tesseract, page,
+                                                 self.cfg.orientation_confidence)
+                if angle:
+                    turned = replace(page, image=orientation.turn(_image(page), angle),
+                                     rendered=None)
+                    again = await self._read(page, _pnm_parts(turned))
+                    if tesseract_tsv.confidence(again) > tesseract_tsv.confidence(tsv):
+                        tsv, rotation = again, angle
+        text, words = tesseract_tsv.parse(tsv)
+        text = _clean(text)
+        if rotation:  # boxes on the page as given, not as turned
+            size = _size(page)
+            words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
         finished = time.time()
         return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
                           seconds=finished - started, started_at=started,
-                          finished_at=finished, words=words)
+                          finished_at=finished, rotation=rotation, words=words)
 
-    async def _run(self, ppm: bytes) -> tuple[str, list[Word]]:
+    async def _read(self, page: PageRequest, image: tuple[bytes, bytes | bytearray]) -> str:
+        """tesseract's TSV for the page: the text and every word's box from one run (the
+        searchable PDF's layer) and each word's confidence."""
+        args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
+        if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
+            args += ["--dpi", str(round(page.dpi))]
+        out = await self._tesseract(image, [*args, "tsv"])
+        return out.decode("utf-8", errors="replace")
+
+    async def _tesseract(self, image: tuple[bytes, bytes | bytearray],
+                         args: list[str]) -> bytes:
+        """Run tesseract on one PNM image (header, pixels) from stdin; its stdout."""
         assert self.binary is not None
-        # TSV: the text and every word's box from one run (the searchable PDF's layer)
-        args = [self.binary, "stdin", "stdout", "-l", self.cfg.lang, "--psm", str(self.cfg.psm),
-                "tsv"]
         # OMP threads inside tesseract fight with our own parallelism: one per process.
         env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env)
+            self.binary, "stdin", "stdout", *args, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        # stdout and stderr are read while the page is written: a pipe that fills up
+        # would otherwise stop tesseract, and with it the writing
+        reading = asyncio.gather(_read(proc.stdout), _read(proc.stderr))
         try:
             async with asyncio.timeout(self.cfg.timeout_seconds):
-                out, err = await proc.communicate(ppm)
+                await _feed(proc.stdin, image)
+                out, err = await reading
+                await proc.wait()
         except (TimeoutError, asyncio.CancelledError):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+            reading.cancel()
+            with contextlib.suppress(BaseException):
+                await reading
             await proc.wait()
             raise
         if proc.returncode != 0:
             msg = err.decode(errors="replace").strip().splitlines()
             raise RuntimeError(f"tesseract exited with {proc.returncode}: "
                                f"{msg[-1] if msg else ''}")
-        text, words = tesseract_tsv.parse(out.decode("utf-8", errors="replace"))
-        return _clean(text), words
+        return out
 
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
-                "lang": self.cfg.lang, "psm": self.cfg.psm}
+                "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
+
+
+def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
+    """The page as binary PNM (header, pixels): a rendered page's own bytes, uncopied."""
+    if page.rendered is not None:
+        return page.rendered.pnm_header(), page.rendered.data
+    assert page.image is not None
+    image = page.image
+    if image.mode not in ("1", "L", "RGB"):
+        image = image.convert("RGB")
+    # PBM's 1 is black, Pillow's is white: "1;I" inverts
+    data = image.tobytes("raw", "1;I") if image.mode == "1" else image.tobytes()
+    return modes.pnm_header(image.mode, image.width, image.height), data
+
+
+def _size(page: PageRequest) -> tuple[int, int]:
+    if page.rendered is not None:
+        return page.rendered.width, page.rendered.height
+    assert page.image is not None
+    return page.image.size
+
+
+def _image(page: PageRequest) -> Image.Image:
+    if page.rendered is not None:
+        return page.rendered.to_image()
+    assert page.image is not None
+    return page.image
+
+
+async def _feed(stdin: asyncio.StreamWriter | None, image: tuple[bytes, Any]) -> None:
+    """Write the image in pieces, so that the pipe's buffer never holds a copy of it."""
+    assert stdin is not None
+    header, data = image
+    try:
+        stdin.write(header)
+        view = memoryview(data)
+        for at in range(0, len(view), FEED_BYTES):
+            stdin.write(view[at:at + FEED_BYTES])
+            await stdin.drain()
+        await stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # tesseract stopped reading: its exit status says why
+    finally:
+        stdin.close()
+
+
+async def _read(stream: asyncio.StreamReader | None) -> bytes:
+    assert stream is not None
+    return await stream.read()
+
+
+def pnm(image: Image.Image) -> bytes:
+    """An image as binary PNM, what tesseract reads from stdin without any decoding
+    cost: PBM for 1-bit pages, PGM for grey, PPM for colour (kept in its own mode)."""
+    header, data = _pnm_parts(PageRequest(image=image, page_no=1, doc_id=""))
+    return header + bytes(data)
 
 
 def _clean(text: str) -> str:
