@@ -1,29 +1,28 @@
 """Documents → page images: probing, completeness checks and rendering.
 
-The functions at the top run in worker processes (PDFium is not thread-safe, and
-decoding is CPU work that must stay off the event loop); `RenderPool` runs them there
-and survives a worker that crashes or hangs on a hostile file. Rendered pixels come back
-through a file on tmpfs rather than the pool's pipe (see "Pixels between processes").
+These functions run in worker processes (ocrd/render_pool.py's `RenderPool`); the
+pixels come back as `RenderedPage`s through tmpfs (ocrd/pagepixels.py). Both are
+re-exported here, as the rest of ocrd and the tests know them as `pages.*`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import ctypes
-import itertools
-import multiprocessing
 import os
 import stat
-from collections.abc import Callable
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from PIL import Image, ImageOps
 
-from . import errors, modes, pdffaults, resolution, safefs
+from . import errors, modes, pagepixels, pdffaults, resolution, safefs
+from .pagepixels import (  # noqa: F401 - re-exported: pages.RenderedPage, pages.SHARED_DIR
+    SHARED_DIR,
+    SHARED_PREFIX,
+    RenderedPage,
+    _shared_dir_usable,
+)
+from .render_pool import RenderPool  # noqa: F401 - re-exported: pages.RenderPool
 from .resolution import Resolution
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.
@@ -53,109 +52,6 @@ class DocInfo:
     pixels: int  # estimated pixels of all pages at the render dpi (for ordering)
 
 
-@dataclass(frozen=True)
-class RenderedPage:
-    """One page as packed pixels (8-bit RGB, grey, or 1-bit rows with 1 = black: see
-    ocrd/modes.py), cheap to send between processes."""
-
-    index: int  # 0-based
-    width: int
-    height: int
-    data: bytes | bytearray
-    dpi: float  # the dpi actually used (lower than asked for oversized pages)
-    # in a render worker: the tmpfs file that already holds the pixels (data is empty)
-    shared: str | None = field(default=None, compare=False, repr=False)
-    # the console's JPEG preview of the page, made in the worker (ocrd/previews.py)
-    preview: bytes | None = field(default=None, compare=False, repr=False)
-    mode: str = "RGB"  # "RGB", "L" (grey) or "1" (packed bits)
-
-    def to_image(self, data: bytes | bytearray | None = None) -> Image.Image:
-        return modes.to_image(self.mode, self.width, self.height,
-                              self.data if data is None else data)
-
-    def pnm_header(self) -> bytes:
-        """Binary PNM's header: with `data` after it, what tesseract reads from stdin."""
-        return modes.pnm_header(self.mode, self.width, self.height)
-
-    def __reduce__(self) -> tuple:
-        # In a render worker, large pixel data leaves through tmpfs (see below).
-        if self.shared is not None:
-            return (_from_shared, (self.index, self.width, self.height, self.dpi,
-                                   self.shared, self.preview, self.mode))
-        if _shared_tag is not None and len(self.data) >= SHARED_MIN_BYTES:
-            path = _to_shared(self.data)
-            if path is not None:
-                return (_from_shared, (self.index, self.width, self.height, self.dpi, path,
-                                       self.preview, self.mode))
-        return (RenderedPage, (self.index, self.width, self.height, self.data, self.dpi,
-                               None, self.preview, self.mode))
-
-
-# ---------------------------------------------------------------------------------------
-# Pixels between processes
-#
-# An A4 page at 144 dpi is 6 MB of RGB. Returned through the process pool's pipe it is
-# copied in 64 KiB pieces, with a context switch each, by the one thread that reads all
-# results: ~10 ms a page, which capped the render workers well below what they render.
-# Instead the worker writes the pixels to a file on tmpfs (one write from PDFium's own
-# buffer) and the main process reads it in one call. The main process removes each file
-# as it unpickles the page; files left by a killed pool are removed with it, and
-# RemoveIPC= in the systemd unit removes any others.
-
-SHARED_DIR = "/dev/shm"
-SHARED_PREFIX = "ocrd-page-"
-SHARED_MIN_BYTES = 256 * 1024
-_shared_tag: str | None = None  # in a render worker: "<daemon pid>-<pool generation>"
-_shared_seq = itertools.count()
-
-
-def _init_worker(tag: str | None, parent: int | None = None) -> None:
-    global _shared_tag
-    _shared_tag = tag
-    if parent is not None:
-        _die_with_parent(parent)
-
-
-def _die_with_parent(parent: int) -> None:
-    """A worker must not outlive the daemon: when the daemon is SIGKILLed (the OOM
-    killer, a test) outside systemd's cgroup clean-up, its workers would otherwise wait
-    on their queue forever. Linux only; elsewhere a no-op."""
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the daemon died before the signal was armed
-        os._exit(1)
-
-
-def _to_shared(data: bytes | memoryview) -> str | None:
-    """Worker side: data in a new tmpfs file; None (use the pipe) if that fails."""
-    path = _shared_path()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return None
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError:  # tmpfs full: the pipe still works
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return None
-    finally:
-        os.close(fd)
-    return path
-
-
-def _shared_path() -> str:
-    return f"{SHARED_DIR}/{SHARED_PREFIX}{_shared_tag}-{os.getpid()}-{next(_shared_seq)}"
-
-
 # A render worker's pixel buffer for PDFium, kept between pages: a fresh 6 MB buffer per
 # page costs as much in page faults as rendering a text page. Pages larger than this
 # get a buffer of their own, so one huge page does not pin its size in every worker.
@@ -176,66 +72,6 @@ def _scratch_bitmap(width: int, height: int, format: int, rev_byteorder: bool = 
         _scratch = (ctypes.c_ubyte * size)()
     return pdfium.PdfBitmap.new_native(width, height, format, rev_byteorder,
                                        buffer=_scratch, stride=width * 3)
-
-
-def _from_shared(index: int, width: int, height: int, dpi: float, path: str,
-                 preview: bytes | None = None, mode: str = "RGB") -> RenderedPage:
-    """Main side (unpickling a worker's page): read the file and remove it."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.unlink(path)
-        size = modes.packed_size(mode, width, height)
-        data = os.read(fd, size)
-        if len(data) < size:  # a short read: rare, but allowed
-            chunks = [data]
-            got = len(data)
-            while got < size and (more := os.read(fd, size - got)):
-                chunks.append(more)
-                got += len(more)
-            data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    return RenderedPage(index, width, height, data, dpi, preview=preview, mode=mode)
-
-
-def pixels(page: RenderedPage) -> bytes:
-    """The page's packed pixels, also in the worker that rendered it (where it may already
-    sit in its tmpfs file)."""
-    if page.data or page.shared is None:
-        return page.data
-    with open(page.shared, "rb") as f:
-        return f.read()
-
-
-def _shared_dir_usable() -> bool:
-    return os.path.isdir(SHARED_DIR) and os.access(SHARED_DIR, os.W_OK | os.X_OK)
-
-
-def _remove_shared(prefix: str, only_dead_owners: bool = False) -> None:
-    """Remove page files whose names start with prefix (of dead daemons only, if asked)."""
-    try:
-        names = os.listdir(SHARED_DIR)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        if only_dead_owners:
-            owner = name[len(SHARED_PREFIX):].split("-", 1)[0]
-            if not owner.isdigit() or _alive(int(owner)):
-                continue
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(SHARED_DIR, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -492,7 +328,7 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
             pdffaults.check_page_size(width, height, index, "PDFium")
             page.close()
             return RenderedPage(index, width, height, data, dpi, mode=mode)
-        maker = {"bitmap_maker": _scratch_bitmap} if _shared_tag is not None else {}
+        maker = {"bitmap_maker": _scratch_bitmap} if pagepixels._shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
                              **maker)
         pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium")
@@ -505,8 +341,8 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
         width, height, stride = bitmap.width, bitmap.height, bitmap.stride
         view = memoryview(bitmap.buffer).cast("B")
         shared = None
-        if stride == width * 3 and _shared_tag is not None:
-            shared = _to_shared(view[:stride * height])
+        if stride == width * 3 and pagepixels._shared_tag is not None:
+            shared = pagepixels._to_shared(view[:stride * height])
         raw = b"" if shared is not None else _rgb_rows(view, width, height, stride)
         page.close()
         return RenderedPage(index, width, height, raw, dpi, shared=shared)
@@ -585,98 +421,3 @@ def _pack(img: Image.Image, index: int, dpi: float, grey: bool = False) -> Rende
     if grey:
         img = img.convert("L")
     return RenderedPage(index, img.width, img.height, img.tobytes(), dpi, mode=img.mode)
-
-
-def _warm() -> int:
-    """Import the heavy modules once so the first real page is not slowed down."""
-    import pypdfium2  # noqa: F401
-
-    return os.getpid()
-
-
-# ---------------------------------------------------------------------------------------
-# Main-process side
-
-
-class RenderPool:
-    """Worker processes for probing and rendering.
-
-    A worker that crashes (a segfault in a decoder) or hangs breaks the whole
-    ProcessPoolExecutor; the pool is then rebuilt, and the call is tried once more on
-    fresh workers before the file is blamed — the crash may have been another file's.
-    """
-
-    def __init__(self, workers: int, timeout: float = 300.0) -> None:
-        self.workers = workers or os.cpu_count() or 1
-        self.timeout = timeout
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._generation = 0
-        self._shared = _shared_dir_usable()
-        # unique per pool object too: the daemon runs two pools (render and probe)
-        self._tag = f"{os.getpid()}-{id(self):x}"
-
-    def _shared_prefix(self, generation: int | None = None) -> str:
-        gen = "" if generation is None else f"{generation}-"
-        return f"{SHARED_PREFIX}{self._tag}-{gen}"
-
-    def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            generation = self._generation + 1
-            tag = f"{self._tag}-{generation}" if self._shared else None
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(tag, os.getpid()))
-            self._generation = generation
-        return self._pool
-
-    async def start(self) -> None:
-        if self._shared:  # page files a crashed daemon left behind
-            await asyncio.to_thread(_remove_shared, SHARED_PREFIX, True)
-        pool = self._ensure()
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(pool, _warm) for _ in range(self.workers)))
-
-    def _discard(self, generation: int) -> None:
-        pool = self._pool
-        if pool is None or generation != self._generation:
-            return  # already rebuilt by someone else
-        self._pool = None
-        # A hung worker never returns: kill the processes, do not wait for them.
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            with contextlib.suppress(Exception):
-                proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        if self._shared:  # pages the killed workers wrote that nobody will read
-            _remove_shared(self._shared_prefix(generation))
-
-    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
-        loop = asyncio.get_running_loop()
-        for attempt in (1, 2):
-            pool = self._ensure()
-            generation = self._generation
-            try:
-                fut = loop.run_in_executor(pool, fn, *args)
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-                # cancellation that races with the result
-                async with asyncio.timeout(timeout or self.timeout):
-                    return await fut
-            except BrokenProcessPool:
-                self._discard(generation)
-                if attempt == 2:
-                    raise errors.RenderFailed(
-                        "the renderer crashed on this file twice (a damaged or hostile "
-                        "file?)") from None
-            except TimeoutError:
-                self._discard(generation)
-                raise errors.RenderFailed(
-                    f"rendering took longer than {timeout or self.timeout:.0f} s and was "
-                    "stopped") from None
-        raise AssertionError("unreachable")
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        if self._shared:
-            _remove_shared(self._shared_prefix())
-

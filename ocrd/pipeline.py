@@ -26,9 +26,10 @@ import structlog
 from . import __version__, budget, errors, names, outbox, pages, pdfout, records, safefs
 from . import resolution as resolutions
 from .config import Config
+from .doc_pages import DocumentPages
 from .engines.base import Engine, PageOutput, PageRequest
 from .notify import Liveness
-from .previews import Previews, render_with_preview
+from .previews import Previews
 from .schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
@@ -199,99 +200,7 @@ class Converter:
     async def _pages(self, src: Source, info: pages.DocInfo, staging: Staging,
                      assets_link: str, blog: Any,
                      pdf: pdfout.SearchablePdf | None = None) -> list[dict]:
-        results: list[dict] = [{} for _ in range(info.pages)]
-        ahead = asyncio.Semaphore(self.cfg.render.lookahead)
-        doc_key = object()  # identity of this document for the fair slots
-
-        def moved_on() -> None:
-            ahead.release()
-            self.pending -= 1
-            self._progress()
-
-        async def render(i: int, first: bool = False) -> pages.RenderedPage:
-            # a page's first rendering also makes the console's preview, in the worker
-            fn = render_with_preview if first and self.previews is not None \
-                else pages.render_page
-            return await self.pool.call(
-                fn, src.path, info, i, self.resolution, self.cfg.limits.max_pixels)
-
-        # An engine whose output has figures has them cropped from the page afterwards,
-        # so its pages keep their image; others are held only until the engine takes them.
-        keep_image = self.engine.keeps_page_image
-
-        # what the next page is likely to cost (the memory budget): an A4 page at first,
-        # then what this document's last page cost
-        guess = [self.resolution.cost(self.engine.page_mode, self.resolution.a4_pixels())]
-
-        async def one(i: int) -> None:
-            # Counted here, not where the loop below takes the look-ahead token: a task
-            # cancelled before it starts never runs its finally.
-            self.pending += 1
-            held = True
-            memory = budget.Reservation(self.memory)
-            try:
-                await memory.reserve(guess[0])
-                t = time.time()
-                rendered = await render(i, first=True)
-                render_s = time.time() - t
-                guess[0] = self.resolution.cost(rendered.mode, rendered.width * rendered.height)
-                await memory.settle(guess[0])
-                if self.previews is not None:
-                    self.previews.page(src.sha256, i + 1, rendered)  # queued, not waited for
-                size = replace(rendered, data=b"")  # what the sidecar needs
-                # A page waits for its slot packed (RGB; grey or 1-bit for an engine
-                # that reads those: a Pillow RGB image takes a third more) and becomes
-                # an image when handed to an engine that wants one. The
-                # pipeline then keeps no reference while the engine works (a GPU engine
-                # keeps tensors, not pixels; a retry renders the page again), so pages
-                # in the engine cost the pipeline no memory.
-                waiting = [rendered]
-                del rendered
-                kept: list[Any] = []
-
-                async def request() -> PageRequest:
-                    page = waiting.pop() if waiting else await render(i)
-                    own_mode = self.engine.page_mode != "RGB"
-                    req = PageRequest(image=None if own_mode else page.to_image(),
-                                      rendered=page if own_mode else None, page_no=i + 1,
-                                      doc_id=src.sha256 or src.name,
-                                      prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
-                                      custom_prompt=src.custom_prompt, dpi=page.dpi)
-                    if keep_image:
-                        kept[:] = [req.image]
-                    return req
-
-                await self.slots.acquire(doc_key, src.order)
-                held = False
-                moved_on()
-                if self.metrics:
-                    self.metrics.pages_in_flight.inc()
-                try:
-                    out = await self._ocr(request, i + 1, blog)
-                finally:
-                    self.slots.release(doc_key)
-                    self._progress()
-                    if self.metrics:
-                        self.metrics.pages_in_flight.dec()
-                results[i] = await self._page_result(i, out, kept[0] if kept else None,
-                                                     size, render_s, staging, assets_link)
-                if pdf is not None:  # its text layer, from the engine's geometry
-                    pdf.page(i, out, size.width, size.height)
-                blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
-                           tokens=out.tokens, finish=out.finish_reason)
-            finally:
-                memory.release()
-                if held:
-                    moved_on()
-
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for i in range(info.pages):
-                    await ahead.acquire()
-                    tg.create_task(one(i), name=f"page-{i + 1}")
-        except BaseExceptionGroup as eg:
-            raise _first(eg) from None
-        return results
+        return await DocumentPages(self, src, info, staging, assets_link, blog, pdf).run()
 
     async def _ocr(self, request: Callable[[], Awaitable[PageRequest]], page_no: int,
                    blog: Any) -> PageOutput:
@@ -483,23 +392,3 @@ def _png(image: Any) -> bytes:
     buf = io.BytesIO()
     image.save(buf, "PNG")
     return buf.getvalue()
-
-
-def _first(eg: BaseExceptionGroup) -> BaseException:
-    """The exception that matters in a TaskGroup's group: engine death first, then the
-    file's own error, then anything else."""
-    flat: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        else:
-            flat.append(e)
-
-    walk(eg)
-    for kind in (errors.EngineDead, errors.OcrdError, Exception):
-        for e in flat:
-            if isinstance(e, kind):
-                return e
-    return flat[0]

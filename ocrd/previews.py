@@ -25,7 +25,8 @@ from pathlib import Path
 import structlog
 from PIL import Image
 
-from .pages import DocInfo, RenderedPage, pixels, render_page
+from .pagepixels import RenderedPage, pixels
+from .pages import DocInfo, render_page
 from .resolution import Resolution
 
 log = structlog.get_logger("ocrd.previews")

@@ -1,0 +1,149 @@
+"""The pages of one document through the engine (the converter's inner loop): each page
+is rendered ahead within `render.lookahead` and the memory budget, waits for a fair slot
+in the engine, and its output becomes the page's result (Markdown, figures, sidecar
+facts, searchable-PDF text). One `DocumentPages` per document being converted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from . import budget, errors, pages
+from .engines.base import PageOutput, PageRequest
+from .previews import render_with_preview
+
+if TYPE_CHECKING:
+    from . import pdfout
+    from .pipeline import Converter, Source, Staging
+
+
+class DocumentPages:
+    def __init__(self, conv: Converter, src: Source, info: pages.DocInfo, staging: Staging,
+                 assets_link: str, blog: Any, pdf: pdfout.SearchablePdf | None) -> None:
+        self.conv, self.src, self.info, self.staging = conv, src, info, staging
+        self.assets_link, self.blog, self.pdf = assets_link, blog, pdf
+        self.results: list[dict] = [{} for _ in range(info.pages)]
+        self.ahead = asyncio.Semaphore(conv.cfg.render.lookahead)
+        self.doc_key = object()  # identity of this document for the fair slots
+        # An engine whose output has figures has them cropped from the page afterwards,
+        # so its pages keep their image; others are held only until the engine takes them.
+        self.keep_image = conv.engine.keeps_page_image
+        # what the next page is likely to cost (the memory budget): an A4 page at first,
+        # then what this document's last page cost
+        self.guess = conv.resolution.cost(conv.engine.page_mode, conv.resolution.a4_pixels())
+
+    async def run(self) -> list[dict]:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i in range(self.info.pages):
+                    await self.ahead.acquire()
+                    tg.create_task(self._page(i), name=f"page-{i + 1}")
+        except BaseExceptionGroup as eg:
+            raise _first(eg) from None
+        return self.results
+
+    def _moved_on(self) -> None:
+        """The page left the look-ahead (it is in the engine, or it ended)."""
+        self.ahead.release()
+        self.conv.pending -= 1
+        self.conv._progress()
+
+    async def _render(self, i: int, first: bool = False) -> pages.RenderedPage:
+        conv = self.conv
+        # a page's first rendering also makes the console's preview, in the worker
+        fn = render_with_preview if first and conv.previews is not None else pages.render_page
+        return await conv.pool.call(fn, self.src.path, self.info, i, conv.resolution,
+                                    conv.cfg.limits.max_pixels)
+
+    async def _page(self, i: int) -> None:
+        conv = self.conv
+        # Counted here, not where run() takes the look-ahead token: a task cancelled
+        # before it starts never runs its finally.
+        conv.pending += 1
+        held = True
+        memory = budget.Reservation(conv.memory)
+        try:
+            await memory.reserve(self.guess)
+            t = time.time()
+            rendered = await self._render(i, first=True)
+            render_s = time.time() - t
+            self.guess = conv.resolution.cost(rendered.mode, rendered.width * rendered.height)
+            await memory.settle(self.guess)
+            if conv.previews is not None:
+                conv.previews.page(self.src.sha256, i + 1, rendered)  # queued, not waited for
+            size = replace(rendered, data=b"")  # what the sidecar needs
+            # A page waits for its slot packed (RGB; grey or 1-bit for an engine that reads
+            # those: a Pillow RGB image takes a third more) and becomes an image when
+            # handed to an engine that wants one. The pipeline then keeps no reference
+            # while the engine works (a GPU engine keeps tensors, not pixels; a retry
+            # renders the page again), so pages in the engine cost the pipeline no memory.
+            waiting = [rendered]
+            del rendered
+            kept: list[Any] = []
+
+            async def request() -> PageRequest:
+                return self._request(i, waiting.pop() if waiting else await self._render(i),
+                                     kept)
+
+            await conv.slots.acquire(self.doc_key, self.src.order)
+            held = False
+            self._moved_on()
+            out = await self._in_engine(request, i)
+            self.results[i] = await conv._page_result(i, out, kept[0] if kept else None, size,
+                                                      render_s, self.staging, self.assets_link)
+            if self.pdf is not None:  # its text layer, from the engine's geometry
+                self.pdf.page(i, out, size.width, size.height)
+            self.blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
+                            tokens=out.tokens, finish=out.finish_reason)
+        finally:
+            memory.release()
+            if held:
+                self._moved_on()
+
+    def _request(self, i: int, page: pages.RenderedPage, kept: list[Any]) -> PageRequest:
+        src = self.src
+        own_mode = self.conv.engine.page_mode != "RGB"
+        req = PageRequest(image=None if own_mode else page.to_image(),
+                          rendered=page if own_mode else None, page_no=i + 1,
+                          doc_id=src.sha256 or src.name,
+                          prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
+                          custom_prompt=src.custom_prompt, dpi=page.dpi)
+        if self.keep_image:
+            kept[:] = [req.image]
+        return req
+
+    async def _in_engine(self, request: Any, i: int) -> PageOutput:
+        """The page's engine call, holding its slot (taken by the caller)."""
+        conv = self.conv
+        if conv.metrics:
+            conv.metrics.pages_in_flight.inc()
+        try:
+            return await conv._ocr(request, i + 1, self.blog)
+        finally:
+            conv.slots.release(self.doc_key)
+            conv._progress()
+            if conv.metrics:
+                conv.metrics.pages_in_flight.dec()
+
+
+def _first(eg: BaseExceptionGroup) -> BaseException:
+    """The exception that matters in a TaskGroup's group: engine death first, then the
+    file's own error, then anything else."""
+    flat: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            flat.append(e)
+
+    walk(eg)
+    for kind in (errors.EngineDead, errors.OcrdError, Exception):
+        for e in flat:
+            if isinstance(e, kind):
+                return e
+    return flat[0]
