@@ -19,6 +19,7 @@ import shutil
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,22 @@ class GpuDaemon(DaemonProcess):
             time.sleep(0.02)
         raise TimeoutError(f"{len(want - have)} of {len(want)} outputs missing "
                            f"after {timeout} s")
+
+
+def stop_and_record(d: GpuDaemon, result: dict, gpu_mem_mib: Callable[[], Any]) -> None:
+    """Stop the daemon and record what was left: processes of its sessions, GPU
+    processes and memory (`gpu_mem_mib()`); then kill what is left of those sessions."""
+    sessions = d.remember_sessions()
+    t0 = time.monotonic()
+    d.stop(120, strict=False)
+    result["stop_s"] = round(time.monotonic() - t0, 1)
+    result["daemon_rc"] = d.proc.returncode if d.proc else None
+    time.sleep(1)
+    result["left_after_stop"] = session_processes(sessions)
+    result["gpu_processes_after_stop"] = gpu_processes()
+    result["gpu_mem_after_stop_mib"] = gpu_mem_mib()
+    d.kill(group_left=True)
+    result["killed_after_stop"] = end_sessions(sessions)
 
 
 async def direct_http(url: str, model: str, urls: list[str], t: int,
@@ -315,17 +332,7 @@ class DaemonRun:
         processes and memory; then kill what is left of those sessions."""
         d, result = self.daemon, self.result
         assert self.mem is not None
-        sessions = d.remember_sessions()
-        t0 = time.monotonic()
-        d.stop(120, strict=False)
-        result["stop_s"] = round(time.monotonic() - t0, 1)
-        result["daemon_rc"] = d.proc.returncode if d.proc else None
-        time.sleep(1)
-        result["left_after_stop"] = session_processes(sessions)
-        result["gpu_processes_after_stop"] = gpu_processes()
-        result["gpu_mem_after_stop_mib"] = GpuMemory.used()
-        d.kill(group_left=True)
-        result["killed_after_stop"] = end_sessions(sessions)
+        stop_and_record(d, result, GpuMemory.used)
         result["gpu_mem_peak_mib"] = self.mem.peak
         self.save()
         shutil.copy(d.log_path, self.args.out / f"daemon_{self.phase}.log")

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import gpu_common as common  # noqa: E402
 from bench import gpu_inputs as inputs  # noqa: E402
 from bench import gpu_measure as measure  # noqa: E402
-from bench.gpu_daemon import GpuDaemon, direct_http  # noqa: E402
+from bench.gpu_daemon import GpuDaemon, direct_http, stop_and_record  # noqa: E402
 
 ROWS_ONE = ["1gpu_x1", "1gpu_x2"]
 ROWS_TWO = ["1gpu_x1", "1gpu_x2", "2gpu_per_gpu", "2gpu_dp"]
@@ -183,17 +183,7 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
                 result["killed"]["failed_files"] = (sorted(os.listdir(d.failed))
                                                     if d.failed.exists() else [])
         finally:
-            sessions = d.remember_sessions()
-            t_stop = time.monotonic()
-            d.stop(120, strict=False)
-            result["stop_s"] = round(time.monotonic() - t_stop, 1)
-            result["daemon_rc"] = d.proc.returncode if d.proc else None
-            time.sleep(1)
-            result["left_after_stop"] = measure.session_processes(sessions)
-            result["gpu_processes_after_stop"] = measure.gpu_processes()
-            result["gpu_mem_after_stop_mib"] = memory()
-            d.kill(group_left=True)
-            result["killed_after_stop"] = measure.end_sessions(sessions)
+            stop_and_record(d, result, memory)
             shutil.copy(d.log_path, args.out / f"daemon_multi_{name}.log")
     print("ROW", json.dumps(result), flush=True)
     return result
