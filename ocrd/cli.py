@@ -24,7 +24,7 @@ EPILOG = """\
 run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
 
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
-2 usage or configuration error, 3 bad input (empty, truncated, unsupported, unreadable),
+2 usage or configuration error, 3 bad input (empty, truncated, damaged, unsupported, unreadable),
 4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 output not writable,
 130 interrupted.
 """
