@@ -80,6 +80,11 @@ class VllmConfig(_Strict):
     # on where the model runs on a GPU, off on a CPU. false: vLLM's shapes, page by page
     # (the same embeddings as vLLM's own code, to the bit).
     batch_encoder: bool | None = None
+    # With fast_encoder: page views go from vLLM's front ends to its engine core as uint8
+    # (13.7 MB per A4 page instead of 27.5 MB of bf16) and are normalised on the GPU,
+    # into the very values vLLM's processor makes (ocrd/vllm_model/dsocr2_pixels.py).
+    # false: vLLM's float views.
+    uint8_pixels: bool = True
     # Further AsyncEngineArgs, passed through as they are (e.g. enforce_eager: true);
     # in the managed mode they become `vllm serve` flags (enforce_eager → --enforce-eager).
     engine_args: dict[str, Any] = Field(default_factory=dict)

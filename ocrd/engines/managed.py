@@ -118,7 +118,8 @@ class ManagedServerEngine(Engine):
         # route vLLM through its handler): its lines reach ocrd's log as vllm_server.
         env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1",
                **plugin.environment(self.cfg.vllm.fast_encoder,
-                                         self.cfg.vllm.batch_encoder),
+                                    self.cfg.vllm.batch_encoder,
+                                    self.cfg.vllm.uint8_pixels),
                **(self.env or {})}
         self.servers = [SupervisedServer(spec, self.command(spec)[1:], env,
                                          self._client.probe_status, self.program)

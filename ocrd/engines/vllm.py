@@ -38,7 +38,7 @@ def _build_engine(api: _VllmApi, kwargs: dict[str, Any], v: VllmConfig) -> Any:
     the environment of the engine core process that vLLM spawns while building (restored
     afterwards), and directly in this process (where vLLM may have loaded its plugins
     already, and runs the engine core itself with VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    settings = plugin.environment(v.fast_encoder, v.batch_encoder)
+    settings = plugin.environment(v.fast_encoder, v.batch_encoder, v.uint8_pixels)
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:

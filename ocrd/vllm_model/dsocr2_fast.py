@@ -57,9 +57,15 @@ from typing import Any
 
 import torch
 from vllm.logger import init_logger
-from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
+from vllm.model_executor.models.deepseek_ocr2 import (
+    DeepseekOCR2DummyInputsBuilder,
+    DeepseekOCR2ForCausalLM,
+    DeepseekOCR2MultiModalProcessor,
+)
+from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from ocrd.vllm_model import relpos_attention
+from ocrd.vllm_model.dsocr2_pixels import Uint8ProcessingInfo, normalise
 from ocrd.vllm_model.plugin import AUTO, BATCHED, ENV, LOADED_MARK
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
@@ -247,7 +253,8 @@ def _encode_views(model: Any, views: torch.Tensor, per_call: int,
     sizes = call_sizes(per_call, bucketed)
     parts = []
     for i in range(0, views.shape[0], per_call):
-        chunk = views[i:i + per_call]
+        # uint8 views (OCRD_VLLM_PIXELS=uint8) become the model's floats call by call
+        chunk = normalise(views[i:i + per_call], model.view_seperator.dtype)
         n = chunk.shape[0]
         size = min(s for s in sizes if s >= n) if padded else n
         if size > n:
@@ -342,8 +349,13 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
+@MULTIMODAL_REGISTRY.register_processor(DeepseekOCR2MultiModalProcessor,
+                                        info=Uint8ProcessingInfo,
+                                        dummy_inputs=DeepseekOCR2DummyInputsBuilder)
 class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
-    """vLLM's DeepSeek-OCR-2 with ocrd's encoder paths (see the module's text).
+    """vLLM's DeepSeek-OCR-2 with ocrd's encoder paths (see the module's text), and its
+    processor handing the page views over as uint8 where OCRD_VLLM_PIXELS=uint8
+    (ocrd/vllm_model/dsocr2_pixels.py).
     `ocrd_set_fast(False)` switches back to vLLM's own code path and `ocrd_batched` picks
     the mode (bench/gpu.py compares them inside one engine)."""
 
@@ -396,8 +408,10 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
                                    images_crop: torch.Tensor,
                                    images_spatial_crop: torch.Tensor) -> Any:
         if not self.ocrd_fast:
+            dtype = self.view_seperator.dtype
             return super()._pixel_values_to_embedding(
-                pixel_values=pixel_values, images_crop=images_crop,
+                pixel_values=normalise(pixel_values, dtype),
+                images_crop=normalise(images_crop, dtype),
                 images_spatial_crop=images_spatial_crop)
         return page_embeddings(self, pixel_values, images_crop, images_spatial_crop,
                                self.ocrd_batched, self.ocrd_padded, self.ocrd_chunks,

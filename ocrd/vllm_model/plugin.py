@@ -21,6 +21,8 @@ import os
 from importlib import metadata
 
 ENV = "OCRD_VLLM_FAST_ENCODER"
+# "uint8": ocrd's model class hands the page views over as uint8 (dsocr2_pixels.py)
+PIXELS_ENV = "OCRD_VLLM_PIXELS"
 BATCHED = "batched"
 AUTO = "auto"
 ARCHITECTURE = "DeepseekOCR2ForCausalLM"
@@ -65,10 +67,12 @@ def installed() -> bool:
     return any(p.name == ENTRY_POINT and p.value.startswith(__name__) for p in points)
 
 
-def environment(enabled: bool, batched: bool | None = None) -> dict[str, str]:
+def environment(enabled: bool, batched: bool | None = None,
+                uint8_pixels: bool = True) -> dict[str, str]:
     """The variables for vLLM processes ocrd starts: "1" encodes page by page, "batched"
     the step's pages together, "auto" (batched None) batched on a GPU, "0" leaves vLLM's
-    model alone."""
+    model alone; page views as uint8 or float (ocrd's model class only)."""
+    pixels = {PIXELS_ENV: "uint8" if enabled and uint8_pixels else "float"}
     if not enabled:
-        return {ENV: "0"}
-    return {ENV: AUTO if batched is None else BATCHED if batched else "1"}
+        return {ENV: "0", **pixels}
+    return {ENV: AUTO if batched is None else BATCHED if batched else "1", **pixels}

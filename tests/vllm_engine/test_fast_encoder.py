@@ -182,6 +182,59 @@ def test_fast_embeddings_are_vllms(tiny_model: Any, grids: list[tuple[int, int]]
     assert not torch.allclose(got[0][:128], got[0][128:256])  # tokens are not all alike
 
 
+def uint8_pages(grids: list[tuple[int, int]]) -> tuple[Any, Any, Any, Any, Any]:
+    """Random uint8 views, and what vLLM's own ImageTransform (ToTensor + Normalize)
+    makes of the same pixels as PIL images: the float views its processor sends."""
+    from PIL import Image
+    from vllm.transformers_utils.processors.deepseek_ocr import ImageTransform
+
+    g = torch.Generator().manual_seed(11)
+    n_tiles = sum(w * h for w, h in grids if w > 1 or h > 1)
+    pv = torch.randint(0, 256, (len(grids), 3, 1024, 1024), generator=g, dtype=torch.uint8)
+    crops = torch.randint(0, 256, (n_tiles, 3, 768, 768), generator=g, dtype=torch.uint8)
+    vllm_transform = ImageTransform()
+
+    def as_vllm(views: Any) -> Any:
+        if not len(views):
+            return torch.zeros((0, *views.shape[1:]))
+        return torch.stack([vllm_transform(Image.fromarray(v.permute(1, 2, 0).numpy()))
+                            for v in views])
+
+    return pv, crops, as_vllm(pv), as_vllm(crops), torch.tensor(grids)
+
+
+@pytest.mark.parametrize(("batched", "padded"), [(False, False), (True, True)],
+                         ids=["page", "batched_padded"])
+@pytest.mark.parametrize("grids", [[(2, 3), (1, 1), (1, 2)], [(1, 1)]])
+def test_uint8_views_give_the_embeddings_of_vllms_float_views(
+        tiny_model: Any, grids: list[tuple[int, int]], batched: bool, padded: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OCRD_VLLM_PIXELS=uint8: the model normalises uint8 views itself, into the very
+    values of vLLM's processor (float32 here, the tiny model's dtype), so the embeddings
+    are those of vLLM's own code on vLLM's float views, to the bit."""
+    from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
+
+    monkeypatch.setattr(tiny_model, "ocrd_chunks", (2, 4))
+    monkeypatch.setattr(tiny_model, "ocrd_batched", batched)
+    monkeypatch.setattr(tiny_model, "ocrd_padded", padded)
+    pv8, crops8, pv, crops, spatial = uint8_pages(grids)
+    with torch.no_grad():
+        want = DeepseekOCR2ForCausalLM._pixel_values_to_embedding(
+            tiny_model, pixel_values=pv, images_crop=crops, images_spatial_crop=spatial)
+        got = tiny_model._pixel_values_to_embedding(pv8, crops8, spatial)
+        tiny_model.ocrd_set_fast(False)  # vLLM's path behind ocrd's class: normalised too
+        again = tiny_model._pixel_values_to_embedding(pv8, crops8, spatial)
+        tiny_model.ocrd_set_fast(True)
+    assert len(got) == len(want) == len(again) == len(grids)
+    for g, w, a in zip(got, want, again, strict=True):
+        assert g.shape == w.shape
+        if batched:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        else:
+            assert torch.equal(g, w)
+        assert torch.equal(a, w)
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["page", "batched_padded"])
 def test_a_page_ignores_the_other_pages_of_the_step(tiny_model: Any, padded: bool,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
