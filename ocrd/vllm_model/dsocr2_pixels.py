@@ -20,9 +20,9 @@ processor on real page renders, tests/vllm_engine/test_uint8_pixels.py).
 Only ocrd's model class (`FastDeepseekOCR2ForCausalLM`) is registered with this
 processor, so vLLM's own class, and other users' engines, are left alone; a front end
 and an engine core always agree because the processor is registered on the class that
-the engine core builds. Pixels are either all uint8 or all float within one server
-(the variable is read when vLLM builds its processor, at the engine's start): vLLM stacks the pages of an engine step into
-one tensor, and a mixed stack would lose the difference.
+the engine core builds. Pixels are either all uint8 or all float within one server (the
+variable is read when vLLM builds its processor, at the engine's start): vLLM stacks the
+pages of an engine step into one tensor, and a mixed stack would lose the difference.
 """
 
 from __future__ import annotations
