@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/gpu-bundle-work}
 REF=${GPU_REFERENCE:-/work/shared/reference/gpu-h200}
-TRANSFORMERS_PY=${TRANSFORMERS_PY:-$PWD/.venv/bin/python} bash "$REF/build_carry.sh" "$WORK" .gpu-bundle
+TRANSFORMERS_PY=${TRANSFORMERS_PY:-$PWD/.venv/bin/python} bash "$REF/build_carry.sh" "$WORK" "$PWD/.gpu-bundle"  # absolute: it cds into WORK
 mkdir -p .gpu-bundle/owhl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --abi cp312 --abi abi3 --abi none \

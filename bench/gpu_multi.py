@@ -13,6 +13,12 @@ drop to the last Markdown file. Rows:
   1gpu_x2        two servers on that GPU, the memory and the front ends split (issue 22)
   2gpu_per_gpu   one group per GPU, --servers-per-gpu servers each (issue 21)
   2gpu_dp        one server over both GPUs, vLLM's --data-parallel-size 2 (issue 21)
+  ROW_float      any row with vLLM's float page views (engine.vllm.uint8_pixels: false)
+                 instead of ocrd's uint8 views (the default; issue 22)
+
+--direct-pages N: before ocrd's pages, N other pages go straight to the row's servers
+with a plain HTTP client (the requests ocrd sends, ocrd's number of pages in flight
+split evenly), measured like ocrd's run: what the servers do without the daemon.
 
 Per row: engine start (s), GPU memory after start (MiB per GPU), every server warmed at
 full width with short answers (compiled kernels: no row pays them), pages/s, pages/s in
@@ -46,6 +52,9 @@ from bench import gpu_measure as measure  # noqa: E402
 from bench.gpu_daemon import GpuDaemon, direct_http, stop_and_record  # noqa: E402
 
 ROWS_ONE = ["1gpu_x1", "1gpu_x2"]
+# the engine core's line at its first uint8 views (ocrd/vllm_model/dsocr2_pixels.py, which
+# imports vLLM: not imported here)
+UINT8_MARK = "ocrd page views arrive as uint8"
 ROWS_TWO = ["1gpu_x1", "1gpu_x2", "2gpu_per_gpu", "2gpu_dp"]
 
 
@@ -53,6 +62,8 @@ def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The engine config of a row: bench/gpu.py's settings plus the row's layout."""
     e = common.engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)
     v = e["vllm"]
+    v["uint8_pixels"] = not name.endswith("_float")
+    name = name.removesuffix("_float")
     v["engine_args"]["logits_processors"] = [common.OCRD_NGRAM, common.BAN_EOS]
     v["api_servers"] = args.api_servers
     one = [0] if args.gpus > 1 else []  # one GPU of a larger host; else the environment's
@@ -127,6 +138,53 @@ def warm(d: GpuDaemon, args: argparse.Namespace, urls: list[str]) -> float:
     return round(time.monotonic() - t0, 1)
 
 
+def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: int,
+           busy: Busy, result: dict[str, Any]) -> None:
+    """`urls` straight to the row's servers with a plain client: each server its share
+    of the pages and of ocrd's pages in flight, all at once (as ocrd's PDFs are
+    dropped). Recorded under result["direct"]."""
+    servers = sorted({e["url"] for e in d.events("vllm_server_ready")})
+    n, k = len(urls), len(servers)
+    done: list[tuple[float, int]] = []
+    t = common.sizes(args.tiny)["T"]
+
+    async def all_servers() -> list[float]:
+        return await asyncio.gather(*(
+            direct_http(srv, str(args.model), urls[i::k], t, max(1, in_flight // k), done)
+            for i, srv in enumerate(servers)))
+
+    t0 = time.monotonic()
+    asyncio.run(all_servers())
+    t1 = time.monotonic()
+    mid = middle(t0, done)
+    out: dict[str, Any] = {"pages": n, "in_flight": max(1, in_flight // k) * k,
+                           "wall_s": round(t1 - t0, 2), "pages_per_s": round(n / (t1 - t0), 3),
+                           "first_done_s": round(min(t for t, _ in done) - t0, 2),
+                           "gpu_busy_pct": busy.busy(t0, t1)}
+    if mid:
+        out["middle_pages_per_s"] = round(0.5 * n / (mid[1] - mid[0]), 3)
+        out["middle_gpu_busy_pct"] = busy.busy(*mid)
+    result["direct"] = out
+    print("DIRECT", json.dumps(out), flush=True)
+
+
+def host() -> dict[str, Any]:
+    """Which machine this is (issue 22 asks for two)."""
+    info: dict[str, Any] = {"hostname": os.uname().nodename, "cores": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid,driver_version",
+                          "--format=csv,noheader"], capture_output=True, text=True,
+                         check=False).stdout.strip() if shutil.which("nvidia-smi") else ""
+    info["gpu"] = gpu
+    return info
+
+
 def kill_one(d: GpuDaemon, result: dict, n_files: int) -> None:
     """A third into the run, SIGKILL the first server's process group."""
     while (done := sum(1 for _ in d.outbox.glob("*.md"))) < max(1, n_files // 3):
@@ -139,7 +197,7 @@ def kill_one(d: GpuDaemon, result: dict, n_files: int) -> None:
 
 
 def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
-            warm_urls: list[str]) -> dict[str, Any]:
+            warm_urls: list[str], direct_urls: list[str]) -> dict[str, Any]:
     s = common.sizes(args.tiny)
     env = common.tiny_env() if args.tiny else {"PYTHONPATH": os.pathsep.join(
         [os.environ.get("PYTHONPATH", ""), str(common.ROOT)])}
@@ -160,6 +218,11 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             result["pages_in_flight"] = ready.get("pages_in_flight")
             d.remember_sessions()
             result["warm_s"] = warm(d, args, warm_urls)
+            result["uint8_views_arrived"] = sum(
+                1 for e in d.events("vllm_server") if UINT8_MARK in str(e.get("line", "")))
+            if direct_urls:
+                direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
+                common.save(args.out, f"multi_{name}_direct", result)
             t0 = d.drop(pdfs)
             if args.kill == name:
                 kill_one(d, result, len(pdfs))
@@ -191,13 +254,19 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
 
 def table(rows: list[dict]) -> str:
     base = next((r.get("pages_per_s") for r in rows if r["config"] == "1gpu_x1"), None)
-    lines = ["| row | pages | pages/s | middle pages/s | × 1gpu_x1 | GPU busy % (middle) "
+    lines = ["| row | run | pages | pages/s | middle pages/s | × 1gpu_x1 | GPU busy % (middle) "
              "| start s | MiB after start | MiB after stop | left |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = (f"{r['pages_per_s'] / base:.2f}" if base and r.get("pages_per_s") else "—")
+        if "direct" in r:
+            x = r["direct"]
+            lines.append(
+                f"| {r['config']} | plain client | {x.get('pages')} | {x.get('pages_per_s')} | "
+                f"{x.get('middle_pages_per_s')} | | {x.get('gpu_busy_pct')} "
+                f"({x.get('middle_gpu_busy_pct')}) | | | | |")
         lines.append(
-            f"| {r['config']} | {r.get('pages')} | {r.get('pages_per_s')} | "
+            f"| {r['config']} | ocrd | {r.get('pages')} | {r.get('pages_per_s')} | "
             f"{r.get('middle_pages_per_s')} | {ratio} | {r.get('gpu_busy_pct')} "
             f"({r.get('middle_gpu_busy_pct')}) | {r.get('daemon_ready_s')} | "
             f"{r.get('gpu_mem_after_start_mib')} | {r.get('gpu_mem_after_stop_mib')} | "
@@ -220,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--servers-per-gpu", type=int, default=1, help="for 2gpu_per_gpu")
     p.add_argument("--max-num-seqs", type=int, default=None, help="per server (256)")
     p.add_argument("--warm-pages", type=int, default=0, help="warm-up pages (256; tiny 4)")
+    p.add_argument("--direct-pages", type=int, default=0,
+                   help="pages straight to each row's servers before ocrd's (0: none)")
     p.add_argument("--kill", default="", help="kill one server of this row a third in")
     p.add_argument("--quiet", type=float, default=1.0, help="inbox quiet_seconds")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
@@ -244,15 +315,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for r in args.rows.split(",") if r] or (ROWS_TWO if args.gpus > 1 else ROWS_ONE)
     pdfs = inputs.make_pdfs(args.work / "multi_pdfs", args.pages, args.per_file, 600_000)
     warm_urls = inputs.data_urls(range(700_000, 700_000 + args.warm_pages))
+    direct_urls = inputs.data_urls(range(800_000, 800_000 + args.direct_pages))
+    machine = host()
+    print("HOST", json.dumps(machine), flush=True)
     results: list[dict] = []
     for name in rows:
         try:
-            results.append(run_row(name, args, pdfs, warm_urls))
+            results.append(run_row(name, args, pdfs, warm_urls, direct_urls))
         except Exception as e:  # noqa: BLE001 - the next row still runs
             results.append({"config": name, "error": f"{type(e).__name__}: {e}"[:3000]})
             print("ROW FAILED", name, results[-1]["error"], flush=True)
         common.save(args.out, "multi", {"rows": results, "gpu": Busy.query(),
-                                     "cores": os.cpu_count(), "knobs": common.knobs()})
+                                     "host": machine, "knobs": common.knobs()})
     text = table(results)
     (args.out / "report_multi.md").write_text(text + "\n")
     print(text)
