@@ -17,5 +17,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   structlog==26.1.0 watchdog==7.1.0 pypdfium2==5.15.2 pdf2image==1.17.0 \
   uvicorn==0.54.0 prometheus-fastapi-instrumentator==8.1.0 watchfiles==1.3.0 \
   model-hosting-container-standards==0.1.16 jmespath==1.1.0 supervisor==4.3.0 \
-  opentelemetry-api==1.45.2 nh3==0.3.8 py-spy==0.4.3  # py-spy: where the engine core's time goes
+  opentelemetry-api==1.45.2 nh3==0.3.8
+# py-spy (where the engine core's time goes: bench/gpu.py --profile) only when asked: with
+# it the bundle and the tree pass the 64 MiB a device call may carry
+if [ -n "${WITH_PYSPY:-}" ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu-bundle/owhl py-spy==0.4.3
+fi
 du -sh .gpu-bundle
