@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -168,6 +169,33 @@ def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: i
     print("DIRECT", json.dumps(out), flush=True)
 
 
+def one_page(d: GpuDaemon, args: argparse.Namespace, singles: list[Path],
+             result: dict[str, Any]) -> None:
+    """One-page PDFs into the idle daemon one at a time (issue 22: within 1.5 s plus the
+    page's decode time); then a page straight to the first server, first token alone
+    and the whole page, for that decode time."""
+    lat = []
+    for pdf in singles:
+        time.sleep(1.0)
+        t0 = d.drop([pdf])
+        lat.append(d.wait_outputs([pdf.name], common.sizes(args.tiny)["timeout"]) - t0)
+    server = sorted({e["url"] for e in d.events("vllm_server_ready")})[0]
+    ttft, full = [], []
+    for i in range(len(singles)):
+        one = inputs.data_urls(range(900_000 + 2 * i, 900_002 + 2 * i))
+        ttft.append(asyncio.run(direct_http(server, str(args.model), one[:1], 1, 1))[0])
+        full.append(asyncio.run(direct_http(server, str(args.model), one[1:],
+                                            common.sizes(args.tiny)["T"], 1))[0])
+    decode = statistics.median(full) - statistics.median(ttft)
+    result["one_page"] = {"ocrd_s": [round(x, 2) for x in lat],
+                          "ocrd_p50_s": round(statistics.median(lat), 2),
+                          "direct_first_token_s": [round(x, 3) for x in ttft],
+                          "direct_page_s": [round(x, 2) for x in full],
+                          "decode_s": round(decode, 2),
+                          "within_1_5_s_plus_decode": statistics.median(lat) <= 1.5 + decode}
+    print("ONE_PAGE", json.dumps(result["one_page"]), flush=True)
+
+
 def host() -> dict[str, Any]:
     """Which machine this is (issue 22 asks for two)."""
     info: dict[str, Any] = {"hostname": os.uname().nodename, "cores": os.cpu_count()}
@@ -197,7 +225,8 @@ def kill_one(d: GpuDaemon, result: dict, n_files: int) -> None:
 
 
 def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
-            warm_urls: list[str], direct_urls: list[str]) -> dict[str, Any]:
+            warm_urls: list[str], direct_urls: list[str], singles: list[Path],
+            ) -> dict[str, Any]:
     s = common.sizes(args.tiny)
     env = common.tiny_env() if args.tiny else {"PYTHONPATH": os.pathsep.join(
         [os.environ.get("PYTHONPATH", ""), str(common.ROOT)])}
@@ -236,6 +265,8 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             if mid:
                 result["middle_pages_per_s"] = round(0.5 * n / (mid[1] - mid[0]), 3)
                 result["middle_gpu_busy_pct"] = busy.busy(*mid)
+            if singles:
+                one_page(d, args, singles, result)
             if "killed" in result:
                 before = result["killed"]["ready_events_before"]
                 deadline = time.monotonic() + s["timeout"] + 600
@@ -289,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--servers-per-gpu", type=int, default=1, help="for 2gpu_per_gpu")
     p.add_argument("--max-num-seqs", type=int, default=None, help="per server (256)")
     p.add_argument("--warm-pages", type=int, default=0, help="warm-up pages (256; tiny 4)")
+    p.add_argument("--one-page", type=int, default=0,
+                   help="one-page files into the idle daemon after ocrd's run (0: none)")
     p.add_argument("--direct-pages", type=int, default=0,
                    help="pages straight to each row's servers before ocrd's (0: none)")
     p.add_argument("--kill", default="", help="kill one server of this row a third in")
@@ -316,12 +349,14 @@ def main(argv: list[str] | None = None) -> None:
     pdfs = inputs.make_pdfs(args.work / "multi_pdfs", args.pages, args.per_file, 600_000)
     warm_urls = inputs.data_urls(range(700_000, 700_000 + args.warm_pages))
     direct_urls = inputs.data_urls(range(800_000, 800_000 + args.direct_pages))
+    singles = [inputs.make_pdfs(args.work / f"multi_single{i}", 1, 1, 950_000 + i)[0]
+               for i in range(args.one_page)]
     machine = host()
     print("HOST", json.dumps(machine), flush=True)
     results: list[dict] = []
     for name in rows:
         try:
-            results.append(run_row(name, args, pdfs, warm_urls, direct_urls))
+            results.append(run_row(name, args, pdfs, warm_urls, direct_urls, singles))
         except Exception as e:  # noqa: BLE001 - the next row still runs
             results.append({"config": name, "error": f"{type(e).__name__}: {e}"[:3000]})
             print("ROW FAILED", name, results[-1]["error"], flush=True)

@@ -294,11 +294,13 @@ def test_plugin_registers_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_encoder_mode_settings() -> None:
     """engine.vllm.fast_encoder / batch_encoder → the variable → the model's mode."""
-    env = plugin.environment
-    assert env(False, True) == env(False) == {plugin.ENV: "0"}
-    assert env(True, None) == {plugin.ENV: "auto"}  # the default
-    assert env(True, True) == {plugin.ENV: "batched"}
-    assert env(True, False) == {plugin.ENV: "1"}
+    def env(*args: bool | None) -> str:
+        return plugin.environment(*args)[plugin.ENV]
+
+    assert env(False, True) == env(False) == "0"
+    assert env(True, None) == "auto"  # the default
+    assert env(True, True) == "batched"
+    assert env(True, False) == "1"
     assert dsocr2_fast.batched_mode("batched") is True
     assert dsocr2_fast.batched_mode("1") is False
     # auto: batched on a GPU; page by page (vLLM's shapes) on the CPU this vLLM runs on
