@@ -14,6 +14,26 @@ from __future__ import annotations
 import asyncio
 import collections
 
+# limits.memory_bytes: null: at least this, and the most one page may cost
+AUTO_FLOOR = 1024**3
+# ... and room for this many A4 pages per page slot: the pages in the engine, pages
+# rendered ahead waiting for a slot, pages a little larger than A4 (Letter is narrower
+# but a scan's margins are not)
+AUTO_PAGES_PER_SLOT = 1.25
+
+
+def sizes(setting: int | None, pages_in_flight: int, a4_cost: int) -> tuple[int, int]:
+    """(the budget, the most one page may cost) for `limits.memory_bytes`: as set; or,
+    when unset, 1 GiB raised to what the engine's pages in flight cost as A4 pages (with
+    a quarter more for pages rendered ahead), one page at most 1 GiB. A GPU engine keeps
+    hundreds of pages in flight (544 for two servers on an H200); a fixed 1 GiB held it
+    at 76 and left the GPU starved (8.2 instead of 12.8 pages/s, bench/GPU_RESULTS.md
+    round 7), while a page's own cap stays where the scans' memory was measured (issue
+    16)."""
+    if setting is not None:
+        return setting, setting
+    return max(AUTO_FLOOR, int(AUTO_PAGES_PER_SLOT * pages_in_flight * a4_cost)), AUTO_FLOOR
+
 
 class MemoryBudget:
     """An asynchronous byte semaphore, first come first served (a large page is not

@@ -157,8 +157,9 @@ class LimitsConfig(_Strict):
     # per page image, after rendering; guards against decompression bombs
     max_pixels: int = Field(default=200_000_000, ge=1)
     # page images in flight, all files together (ocrd/budget.py); a page that would cost
-    # more is rendered at a lower dpi
-    memory_bytes: int = Field(default=1024**3, ge=64 * 1024**2)
+    # more is rendered at a lower dpi. null (default): 1 GiB, raised to what the engine's
+    # pages in flight cost as A4 pages (a GPU engine keeps hundreds), one page at most 1 GiB
+    memory_bytes: int | None = Field(default=None, ge=64 * 1024**2)
 
 
 class ScheduleConfig(_Strict):

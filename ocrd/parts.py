@@ -77,9 +77,9 @@ class Parts:
         """A reloaded configuration (its engine and render settings kept: those need a
         restart). The one place where settings reach the running parts."""
         self.converter.cfg = self.jobs.cfg = self.intake.cfg = cfg
-        self.converter.set_memory(cfg.limits.memory_bytes)
         in_flight = cfg.schedule.pages_in_flight or self.slots.n
         self.slots.resize(in_flight)
+        self.converter.set_memory(cfg.limits.memory_bytes)  # sized to the slots
         self.scheduler.max_active = cfg.schedule.max_active_documents
         self.scheduler.room_limit = cfg.schedule.max_active_documents + self.slots.n
         self.scheduler.poke()  # a larger max_active may let queued documents start now

@@ -126,19 +126,24 @@ class Converter:
         self.reservations = reservations or outbox.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
-        self.resolution = resolutions.choose(cfg.render, engine, cfg.limits.memory_bytes)
+        self.resolution = resolutions.choose(cfg.render, engine)
         # page images in flight, all documents together (ocrd/budget.py)
-        self.memory = budget.MemoryBudget(cfg.limits.memory_bytes)
+        self.memory = budget.MemoryBudget(budget.AUTO_FLOOR)
+        self.set_memory(cfg.limits.memory_bytes)
         # Pages on their way to the engine (rendering or waiting for a slot), plus one
         # for each document still preparing (hash, folders) that will render soon.
         self.pending = 0
         # Called when a page moves on or a document finishes (the scheduler's poke).
         self.on_progress: Callable[[], None] | None = None
 
-    def set_memory(self, memory_bytes: int) -> None:
-        """A reloaded memory budget: for pages rendered from now on."""
-        self.memory.resize(memory_bytes)
-        self.resolution = replace(self.resolution, page_budget=memory_bytes)
+    def set_memory(self, memory_bytes: int | None) -> None:
+        """The memory budget (`limits.memory_bytes`, None: sized to the page slots), also
+        when reloaded: for pages rendered from now on."""
+        a4 = self.resolution.cost("L" if self.resolution.grey else "RGB",
+                                  self.resolution.a4_pixels())
+        total, per_page = budget.sizes(memory_bytes, self.slots.n, a4)
+        self.memory.resize(total)
+        self.resolution = replace(self.resolution, page_budget=per_page)
 
     def has_room(self) -> bool:
         """The engine could take more pages than are in it and on their way."""

@@ -140,7 +140,7 @@ class Daemon:
         self.ready = True
         self.notifier.send("READY=1", f"STATUS=ready; watching {len(parts.inboxes)} inbox(es)")
         log.info("ready", inboxes=[str(i.path) for i in parts.inboxes], engine=self.engine.kind,
-                 pages_in_flight=parts.slots.n)
+                 pages_in_flight=parts.slots.n, memory_budget_bytes=parts.converter.memory.total)
 
     def _start_health(self) -> None:
         if not self.cfg.metrics.listen:

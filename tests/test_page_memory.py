@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import make_pdf, sentence_lines
@@ -123,3 +125,66 @@ def test_the_budget_setting_reaches_the_sidecar_page_size(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     page = json.loads((tmp_path / "out" / "mono.json").read_text())["pages"][0]
     assert page["width"] * page["height"] * 7.5 <= 64 * 2**20 and page["dpi"] < 300
+
+
+# ---- the default budget and the engine's pages in flight ---------------------------------
+
+def converter_for(engine_cfg: dict, slots: int, memory_bytes: int | None = None) -> Any:
+    from ocrd.config import Config
+    from ocrd.engines import create_engine
+    from ocrd.pipeline import Converter
+    from ocrd.schedule import FairSlots
+
+    cfg = Config.model_validate({"engine": engine_cfg, "inboxes": [], "state_dir": "/nonexistent",
+                                 "limits": {"memory_bytes": memory_bytes}})
+    return Converter(cfg, create_engine(cfg.engine), None, FairSlots(slots))  # type: ignore[arg-type]
+
+
+def test_the_default_budget_holds_the_engines_pages_in_flight() -> None:
+    """limits.memory_bytes unset: a GPU engine's hundreds of pages in flight fit (two
+    servers on an H200: 544); a fixed 1 GiB let 76 A4 pages in and starved the GPU. One
+    page may still cost at most 1 GiB (the scans' bound of issue 16)."""
+    gpu = converter_for({"kind": "simulated", "simulated": {"concurrency": 544}}, 544)
+    a4 = gpu.resolution.cost("RGB", gpu.resolution.a4_pixels())
+    assert a4 > 12 * 2**20  # A4 at 144 dpi, packed and as an image
+    assert gpu.memory.total // a4 >= 544 > 2**30 // a4
+    assert gpu.resolution.page_budget == 2**30
+    # a small engine keeps the 1 GiB floor (tesseract on 2 cores: ~192 MB of pages)
+    cpu = converter_for({"kind": "tesseract"}, 2)
+    assert cpu.memory.total == cpu.resolution.page_budget == 2**30
+    # a value set is the budget and each page's cap, as before
+    fixed = converter_for({"kind": "simulated"}, 544, 64 * 2**20)
+    assert fixed.memory.total == fixed.resolution.page_budget == 64 * 2**20
+    # a reload follows the slots (more pages in flight, more budget) and the setting
+    gpu.slots.resize(1000)
+    gpu.set_memory(None)
+    assert gpu.memory.total // a4 >= 1000
+    gpu.set_memory(256 * 2**20)
+    assert gpu.memory.total == gpu.resolution.page_budget == 256 * 2**20
+
+
+def test_a_daemon_keeps_as_many_a4_pages_in_flight_as_its_engine_takes(tmp_path: Path) -> None:
+    """The daemon with a simulated continuous-batching engine that takes 120 pages at
+    once (each ~30 s) and 16 eight-page A4 PDFs at 144 dpi: the engine gets 120 pages
+    (with the old fixed 1 GiB: 76)."""
+    from helpers import Daemon, drop
+
+    from bench.gpu_inputs import make_pdfs
+
+    pdfs = make_pdfs(tmp_path / "pdfs", 128, 8, 1000)
+    engine = {"kind": "simulated", "simulated": {
+        "max_batch": 120, "concurrency": 120, "step_seconds": 0.1,
+        "step_per_page_seconds": 0.0, "prefill_seconds_per_megapixel": 0.0,
+        "decode_steps": 300, "decode_jitter": 0.0}}
+    with Daemon(tmp_path / "d", engine=engine) as d:
+        ready = d.start().event("ready")
+        assert ready["pages_in_flight"] == 120
+        assert ready["memory_budget_bytes"] > 2**30
+        for pdf in pdfs:
+            drop(pdf, d.inbox / pdf.name)
+        peak, deadline = 0.0, time.monotonic() + 120
+        while peak < 120 and time.monotonic() < deadline:
+            peak = max(peak, d.metric("ocrd_pages_in_flight") or 0)
+            time.sleep(0.2)
+        assert peak == 120
+        d.stop(strict=False)
