@@ -81,7 +81,7 @@ class VllmConfig(_Strict):
     # (the same embeddings as vLLM's own code, to the bit).
     batch_encoder: bool | None = None
     # With fast_encoder: page views go from vLLM's front ends to its engine core as uint8
-    # (13.7 MB per A4 page instead of 27.5 MB of bf16) and are normalised on the GPU,
+    # (13.8 MB per A4 page instead of 27.5 MB of bf16) and are normalised on the GPU,
     # into the very values vLLM's processor makes (ocrd/vllm_model/dsocr2_pixels.py).
     # false: vLLM's float views.
     uint8_pixels: bool = True

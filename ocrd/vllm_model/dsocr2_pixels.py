@@ -11,7 +11,7 @@ the GPU. The engine core's thread is what limits one served engine (issue 22).
 
 With `OCRD_VLLM_PIXELS=uint8` (set by ocrd for the engines it starts when
 `engine.vllm.fast_encoder` is on) the same Pillow views leave the processor as uint8
-CHW tensors — 13.7 MB per A4 page, half the bytes, and no float passes in the front end
+CHW tensors — 13.8 MB per A4 page, half the bytes, and no float passes in the front end
 — and `normalise` turns them into what vLLM's processor would have made, on the GPU,
 call by call: the same float32 operations in the same order (x / 255, - 0.5, / 0.5)
 and the same cast, so the model sees the very same bf16 values (tested against vLLM's
