@@ -236,7 +236,10 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
                                            "data_parallel_size", "gpu_memory_utilization",
                                            "max_num_seqs")}}
     d = GpuDaemon(args.work / "multi" / name, engine, env, quiet_seconds=args.quiet)
-    with Busy() as busy:
+    # the daemon's own pages in flight: whether ocrd kept the servers full (round 7: its
+    # memory budget held 76 of 544)
+    gauges = measure.Gauges([f"http://{d.config['metrics']['listen']}/metrics"])
+    with Busy() as busy, gauges:
         d.start(wait_ready=False)
         t_start = d.started_at
         try:
@@ -261,7 +264,13 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             n = len(pdfs) * args.per_file
             result.update(pages=n, wall_s=round(t1 - t0, 2),
                           pages_per_s=round(n / (t1 - t0), 3),
-                          gpu_busy_pct=busy.busy(t0, t1))
+                          gpu_busy_pct=busy.busy(t0, t1), **gauges.between(t0, t1))
+            result["peak_ocrd_pages_in_flight"] = max(
+                (v.get("ocrd_pages_in_flight", 0) for t, v in gauges.samples if t0 <= t <= t1),
+                default=None)
+            ready_event = d.events("ready")
+            if ready_event:
+                result["memory_budget_bytes"] = ready_event[-1].get("memory_budget_bytes")
             if mid:
                 result["middle_pages_per_s"] = round(0.5 * n / (mid[1] - mid[0]), 3)
                 result["middle_gpu_busy_pct"] = busy.busy(*mid)
