@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -73,13 +74,27 @@ class _Block:
 
 
 def grounding_to_markdown(
-    raw: str, page_image: Image.Image | None, page_no: int, assets_link: str
+    raw: str, page_image: Image.Image | Callable[[], Image.Image] | None, page_no: int,
+    assets_link: str,
 ) -> PageMarkdown:
     """Convert one page of DeepSeek-OCR-2 output (special tokens kept) into Markdown.
 
     `image` blocks become crops of `page_image` named `p{page_no:04d}-{k}.png`, linked as
     `![](quote(assets_link)/NAME)`; all other tags are removed and their content kept.
+    `page_image` may be a function that makes the image: called once, at the first figure
+    (most pages have none, and the pipeline keeps pages packed until then).
     """
+    if callable(page_image):
+        make, made = page_image, []
+
+        def image() -> Image.Image | None:
+            if not made:
+                made.append(make())
+            return made[0]
+    else:
+        def image() -> Image.Image | None:
+            return page_image  # type: ignore[return-value]
+
     text, malformed = _strip_special_tokens(raw)
     blocks, broken = _parse_blocks(text)
     malformed = malformed or broken
@@ -93,7 +108,7 @@ def grounding_to_markdown(
         malformed = malformed or repaired
         if block.label == "image":
             for box in block.boxes:
-                figure = _crop(page_image, box, page_no, len(figures) + 1)
+                figure = _crop(image(), box, page_no, len(figures) + 1)
                 if figure is None:
                     continue
                 figures.append(figure)

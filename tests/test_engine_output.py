@@ -6,6 +6,12 @@ follows_prompt)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import weakref
+from typing import Any
+
 from PIL import Image
 
 from ocrd import engine_config
@@ -60,3 +66,47 @@ def test_the_recipes_prompts() -> None:
     req = PageRequest(image=page(), page_no=1, doc_id="d", prompt_mode="custom",
                       custom_prompt="<image>Only this.")
     assert deepseek_ocr2.prompt(req) == "<image>Only this."
+
+
+def test_the_page_image_is_made_only_for_a_page_with_figures() -> None:
+    """The pipeline keeps a grounding engine's page packed and hands page_markdown a
+    function that makes the image: called once for a page with figures, never for one
+    without (most pages)."""
+    engine = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    calls: list[int] = []
+
+    def make() -> Image.Image:
+        calls.append(1)
+        return page()
+
+    two = FIGURE + "\n<|ref|>image<|/ref|><|det|>[[0, 0, 500, 500]]<|/det|>"
+    out = engine.page_markdown(two, make, 1, "a")
+    assert [f.name for f in out.figures] == ["p0001-1.png", "p0001-2.png"]
+    assert out.figures[0].image.size == (200, 300) and calls == [1]
+    text_only = "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\nJust text."
+    assert "Just text." in engine.page_markdown(text_only, make, 2, "a").markdown
+    assert calls == [1]
+
+
+def test_the_remote_engine_lets_go_of_the_image_once_it_is_encoded() -> None:
+    """The page's pixels are in the request's data URL: the engine must not keep the
+    Pillow image while the server reads the page (hundreds of pages in flight)."""
+    engine = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    seen: list[Any] = []
+
+    async def attempt(req: PageRequest, url: str, settings: Any) -> Any:
+        gc.collect()
+        seen.append((req.image, alive() is not None, url.startswith("data:image/png")))
+        raise RuntimeError("stop here")
+
+    engine._attempt = attempt  # type: ignore[method-assign]
+    # as the pipeline hands pages over: popped from a list, no other reference kept
+    requests = [PageRequest(image=page(), page_no=1, doc_id="d")]
+    alive = weakref.ref(requests[0].image)
+
+    async def run() -> None:
+        with contextlib.suppress(RuntimeError):
+            await engine.ocr(requests.pop())
+
+    asyncio.run(run())
+    assert seen and seen[0] == (None, False, True)

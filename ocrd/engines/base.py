@@ -9,6 +9,7 @@ Engines raise `EngineUnavailable` for conditions that pass (the page is queued a
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -118,10 +119,12 @@ class Engine(abc.ABC):
         records the prompt only then)."""
         return self.output_format == "grounding"
 
-    def page_markdown(self, text: str, image: Image.Image | None, page_no: int,
+    def page_markdown(self, text: str,
+                      image: Image.Image | Callable[[], Image.Image] | None, page_no: int,
                       assets_link: str) -> PageMarkdown:
         """One page's output as Markdown; figures (grounding only) are cropped from
-        `image` and linked under `assets_link`."""
+        `image` (or from what it returns, made at the first figure) and linked under
+        `assets_link`."""
         if self.output_format == "grounding":
             return grounding_to_markdown(text, image, page_no, assets_link)
         return PageMarkdown(text_to_markdown(text))

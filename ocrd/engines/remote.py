@@ -16,7 +16,7 @@ import base64
 import io
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -190,6 +190,9 @@ class RemoteEngine(Engine):
             raise EngineUnavailable("the remote engine is shutting down")
         # PNG encoding takes tens of milliseconds per page: off the event loop.
         url = await asyncio.to_thread(image_data_url, page.image)
+        # the page's pixels are in the URL now: not kept while the server reads it (up to
+        # hundreds of pages in flight; the pipeline keeps its own packed copy for figures)
+        page = replace(page, image=None)
         return await convert_with_retries(lambda s: self._attempt(page, url, s), self.cfg)
 
     def _headers(self) -> dict[str, str]:
