@@ -57,15 +57,10 @@ from typing import Any
 
 import torch
 from vllm.logger import init_logger
-from vllm.model_executor.models.deepseek_ocr2 import (
-    DeepseekOCR2DummyInputsBuilder,
-    DeepseekOCR2ForCausalLM,
-    DeepseekOCR2MultiModalProcessor,
-)
-from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 
-from ocrd.vllm_model import relpos_attention
-from ocrd.vllm_model.dsocr2_pixels import Uint8ProcessingInfo, normalise
+from ocrd.vllm_model import dsocr2_pixels, relpos_attention
+from ocrd.vllm_model.dsocr2_pixels import normalise
 from ocrd.vllm_model.plugin import AUTO, BATCHED, ENV, LOADED_MARK
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
@@ -349,9 +344,7 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
-@MULTIMODAL_REGISTRY.register_processor(DeepseekOCR2MultiModalProcessor,
-                                        info=Uint8ProcessingInfo,
-                                        dummy_inputs=DeepseekOCR2DummyInputsBuilder)
+@dsocr2_pixels.register
 class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
     """vLLM's DeepSeek-OCR-2 with ocrd's encoder paths (see the module's text), and its
     processor handing the page views over as uint8 where OCRD_VLLM_PIXELS=uint8

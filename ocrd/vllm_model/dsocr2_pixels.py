@@ -35,9 +35,19 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.logger import init_logger
-from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ProcessingInfo
 
 from ocrd.vllm_model.plugin import PIXELS_ENV
+
+try:  # vLLM 0.24-0.32's names; another vLLM keeps its own processor (float views)
+    from vllm.model_executor.models.deepseek_ocr2 import (
+        DeepseekOCR2DummyInputsBuilder,
+        DeepseekOCR2MultiModalProcessor,
+        DeepseekOCR2ProcessingInfo,
+    )
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    MISSING: str | None = None
+except ImportError as e:
+    MISSING = str(e)
 
 ENV = PIXELS_ENV
 UINT8 = "uint8"
@@ -92,29 +102,43 @@ def _uint8_copy(processor: Any) -> Any:
     return twin
 
 
-class Uint8ProcessingInfo(DeepseekOCR2ProcessingInfo):
-    """vLLM's processing info, with the processor swapped for its uint8 twin where
-    OCRD_VLLM_PIXELS=uint8. vLLM caches its processors; the twins are cached with them."""
+if MISSING is None:
+    class Uint8ProcessingInfo(DeepseekOCR2ProcessingInfo):
+        """vLLM's processing info, with the processor swapped for its uint8 twin where
+        OCRD_VLLM_PIXELS=uint8. vLLM caches its processors; the twins are cached with them."""
 
-    _twins: dict[int, tuple[Any, Any]] = {}
-    _lock = threading.Lock()
+        _twins: dict[int, tuple[Any, Any]] = {}
+        _lock = threading.Lock()
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # decided when vLLM builds its processor, at the engine's start: ocrd's
-        # in-process engine sets the variable only while vLLM builds the engine
-        self.ocrd_uint8 = wanted()
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # decided when vLLM builds its processor, at the engine's start: ocrd's
+            # in-process engine sets the variable only while vLLM builds the engine
+            self.ocrd_uint8 = wanted()
 
-    def get_hf_processor(self, **kwargs: object) -> Any:
-        processor = super().get_hf_processor(**kwargs)
-        if not self.ocrd_uint8:
-            return processor
-        with self._lock:
-            entry = self._twins.get(id(processor))
-            if entry is None or entry[0] is not processor:
-                entry = (processor, _uint8_copy(processor))
-                self._twins[id(processor)] = entry
-            return entry[1]
+        def get_hf_processor(self, **kwargs: object) -> Any:
+            processor = super().get_hf_processor(**kwargs)
+            if not self.ocrd_uint8:
+                return processor
+            with self._lock:
+                entry = self._twins.get(id(processor))
+                if entry is None or entry[0] is not processor:
+                    entry = (processor, _uint8_copy(processor))
+                    self._twins[id(processor)] = entry
+                return entry[1]
+
+
+def register(model_cls: Any) -> Any:
+    """Class decorator: `model_cls` (ocrd's model class) gets vLLM's DeepSeek-OCR-2
+    processor with `Uint8ProcessingInfo`; where this vLLM lacks the names it is built
+    from, the class keeps vLLM's processor and its float views (logged)."""
+    if MISSING is not None:
+        logger.warning("ocrd's uint8 page views are off: this vLLM's DeepSeek-OCR-2 code "
+                       "differs (%s); vLLM's float views are used", MISSING)
+        return model_cls
+    return MULTIMODAL_REGISTRY.register_processor(
+        DeepseekOCR2MultiModalProcessor, info=Uint8ProcessingInfo,
+        dummy_inputs=DeepseekOCR2DummyInputsBuilder)(model_cls)
 
 
 def normalise(views: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -188,3 +188,18 @@ def test_the_engine_reads_the_same_with_uint8_views(
     assert all(texts[True]), texts
     assert texts[True] == texts[False]
     assert len(set(texts[True])) == len(images)  # the pages were read, not ignored
+
+
+def test_a_vllm_without_the_processors_names_keeps_its_float_views(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another vLLM's DeepSeek-OCR-2 code laid out otherwise: ocrd's class is still
+    built (with vLLM's processor) instead of failing to import."""
+    class Model:
+        pass
+
+    monkeypatch.setattr(dsocr2_pixels, "MISSING", "cannot import name 'X'")
+    assert dsocr2_pixels.register(Model) is Model
+    assert "_processor_factory" not in Model.__dict__
+    monkeypatch.setattr(dsocr2_pixels, "MISSING", None)
+    assert dsocr2_pixels.register(Model) is Model
+    assert Model.__dict__["_processor_factory"].info is dsocr2_pixels.Uint8ProcessingInfo
