@@ -67,13 +67,14 @@ class Resolution:
         return min(max(native, self.scan_min_dpi), self.scan_max_dpi)
 
 
-def choose(render: Any, engine: Any, memory_bytes: int = 0) -> Resolution:
-    """The resolution from the config's `render` section (None: the engine's choice)."""
+def choose(render: Any, engine: Any) -> Resolution:
+    """The resolution from the config's `render` section (None: the engine's choice);
+    its page budget comes later, from the memory budget (Converter.set_memory)."""
     lo, hi = engine.scan_dpi
     lo = render.scan_min_dpi or lo
     hi = render.scan_max_dpi or hi
     return Resolution(render.dpi or engine.render_dpi, min(lo, hi), max(lo, hi),
-                      grey=engine.page_mode != "RGB", page_budget=memory_bytes,
+                      grey=engine.page_mode != "RGB",
                       pixel_bytes=tuple(sorted(engine.pixel_bytes.items())))
 
 

@@ -165,8 +165,9 @@ def test_the_default_budget_holds_the_engines_pages_in_flight() -> None:
 
 def test_a_daemon_keeps_as_many_a4_pages_in_flight_as_its_engine_takes(tmp_path: Path) -> None:
     """The daemon with a simulated continuous-batching engine that takes 120 pages at
-    once (each ~30 s) and 16 eight-page A4 PDFs at 144 dpi: the engine gets 120 pages
-    (with the old fixed 1 GiB: 76)."""
+    once and 16 eight-page A4 PDFs at 144 dpi: the engine gets 120 pages (with the old
+    fixed 1 GiB: 76). No page finishes within the test (each takes ~30 min), so the
+    peak does not depend on how fast this machine renders; the stop does not wait."""
     from helpers import Daemon, drop
 
     from bench.gpu_inputs import make_pdfs
@@ -175,14 +176,14 @@ def test_a_daemon_keeps_as_many_a4_pages_in_flight_as_its_engine_takes(tmp_path:
     engine = {"kind": "simulated", "simulated": {
         "max_batch": 120, "concurrency": 120, "step_seconds": 0.1,
         "step_per_page_seconds": 0.0, "prefill_seconds_per_megapixel": 0.0,
-        "decode_steps": 300, "decode_jitter": 0.0}}
-    with Daemon(tmp_path / "d", engine=engine) as d:
+        "decode_steps": 18_000, "decode_jitter": 0.0}}
+    with Daemon(tmp_path / "d", engine=engine, drain_timeout_seconds=0) as d:
         ready = d.start().event("ready")
         assert ready["pages_in_flight"] == 120
         assert ready["memory_budget_bytes"] > 2**30
         for pdf in pdfs:
             drop(pdf, d.inbox / pdf.name)
-        peak, deadline = 0.0, time.monotonic() + 120
+        peak, deadline = 0.0, time.monotonic() + 600
         while peak < 120 and time.monotonic() < deadline:
             peak = max(peak, d.metric("ocrd_pages_in_flight") or 0)
             time.sleep(0.2)

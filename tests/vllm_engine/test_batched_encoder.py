@@ -11,13 +11,13 @@ among four others gives a different text here.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
+from fdlog import output_into  # tests/vllm_engine, on sys.path (conftest.py)
+from needs import require_vllm
 from PIL import Image
 
 require_vllm()
@@ -50,21 +50,12 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
     cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"batch_encoder": True})})
     eng = VllmEngine(cfg)
     log = tmp_path_factory.mktemp("batched") / "engine_core.log"
-    saved = [os.dup(1), os.dup(2)]
     try:
-        with open(log, "wb") as f:
-            for fd in (1, 2):
-                os.dup2(f.fileno(), fd)
-            try:
-                loop_thread.run(eng.start())
-            finally:
-                for fd, old in zip((1, 2), saved, strict=True):
-                    os.dup2(old, fd)
+        with output_into(log):
+            loop_thread.run(eng.start())
         yield eng, log
         loop_thread.run(eng.close())
     finally:
-        for old in saved:
-            os.close(old)
         mp.undo()
 
 

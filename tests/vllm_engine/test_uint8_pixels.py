@@ -10,14 +10,14 @@ same with uint8 views as with vLLM's.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
+from fdlog import output_into  # tests/vllm_engine, on sys.path (conftest.py)
+from needs import require_vllm
 from PIL import Image
 
 require_vllm()
@@ -147,28 +147,18 @@ def test_environment_for_the_engines_ocrd_starts() -> None:
 
 def read(cfg: EngineConfig, loop_thread: Any, log: Path, images: list[Image.Image]) -> list[str]:
     """Start an in-process engine, read the images one after another (each alone in its
-    steps), close it; this process's stdout and stderr (the engine core's output: a
-    process vLLM spawns, which inherits them) go into `log` meanwhile."""
+    steps), close it; the engine core's output (a process vLLM spawns) goes into `log`."""
     eng = VllmEngine(cfg)
-    saved = [os.dup(1), os.dup(2)]
     texts = []
-    try:
-        with open(log, "wb") as f:
-            for fd in (1, 2):
-                os.dup2(f.fileno(), fd)
-            try:
-                loop_thread.run(eng.start())
-                for n, image in enumerate(images, 1):
-                    page = PageRequest(image=image, page_no=n, doc_id="u8")
-                    texts.append(loop_thread.run(eng.ocr(page)).text)
-            finally:
-                loop_thread.run(eng.close())
-                for fd, old in zip((1, 2), saved, strict=True):
-                    os.dup2(old, fd)
-        return texts
-    finally:
-        for old in saved:
-            os.close(old)
+    with output_into(log):
+        try:
+            loop_thread.run(eng.start())
+            for n, image in enumerate(images, 1):
+                page = PageRequest(image=image, page_no=n, doc_id="u8")
+                texts.append(loop_thread.run(eng.ocr(page)).text)
+        finally:
+            loop_thread.run(eng.close())
+    return texts
 
 
 def test_the_engine_reads_the_same_with_uint8_views(
