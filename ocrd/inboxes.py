@@ -43,6 +43,9 @@ class Inbox:
     paused_until: float = 0.0  # a destination failed: no new claims until then
     # originals put back after conversion (on_success: keep): (relpath, size, mtime_ns)
     kept: set[tuple[str, int, int]] = field(default_factory=set)
+    # (size, mtime_ns) of originals being put back right now, from a worker thread: the
+    # intake may see one in the inbox before it is in `kept` (and convert it again)
+    putting_back: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def path(self) -> Path:

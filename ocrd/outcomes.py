@@ -136,19 +136,27 @@ class Outcomes:
 
     def _put_back(self, claim: safefs.Dir, item: Item) -> str:
         inbox = item.inbox
-        with safefs.Dir.open_root(inbox.path) as root:
-            folder, used = outbox.mirror(root, item.folders, inbox.perms)
-            with folder:
-                name = outbox.move_unique(claim, item.name, folder, item.name)
-                st = folder.lstat(name)
-        kept = "/".join((*used, name))
-        inbox.kept.add((kept, st.st_size, st.st_mtime_ns))
+        before = claim.lstat(item.name)  # a rename keeps size and mtime
+        token = (before.st_size, before.st_mtime_ns)
+        inbox.putting_back.append(token)  # before the file shows in the inbox ...
+        try:
+            with safefs.Dir.open_root(inbox.path) as root:
+                folder, used = outbox.mirror(root, item.folders, inbox.perms)
+                with folder:
+                    name = outbox.move_unique(claim, item.name, folder, item.name)
+                    st = folder.lstat(name)
+            kept = "/".join((*used, name))
+            inbox.kept.add((kept, st.st_size, st.st_mtime_ns))
+        finally:
+            inbox.putting_back.remove(token)  # ... until it is in `kept`
         return kept
 
     def is_kept(self, inbox: Inbox, entry: Entry) -> bool:
         """A file converted with on_success: keep, unchanged since it was put back."""
         key = (entry.relpath, entry.size, entry.mtime_ns)
-        if key in inbox.kept:
+        # being put back (a worker thread's move, seen before it is recorded): asked
+        # first, since the thread records the file in `kept` before it lets go of this
+        if (entry.size, entry.mtime_ns) in inbox.putting_back or key in inbox.kept:
             return True
         try:
             known = self.journal.is_kept(str(inbox.path), *key)

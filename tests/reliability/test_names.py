@@ -70,6 +70,8 @@ def test_names_that_are_not_utf8_convert_and_survive_restarts(tmp_path: Path,
         d.start()
         (d.inbox / "after.pdf").write_bytes(good)
         wait_for(lambda: b"after.md" in bnames(d.outbox), 60, "after.md")
+        # its log line comes just after its outputs are durable
+        d.wait_event("file_converted", 30)
         assert d.proc.poll() is None
         # Nothing converted twice: the journal knew the kept names.
         assert len(d.events("file_converted")) == 1, d.events("file_converted")
