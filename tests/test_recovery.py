@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,51 @@ def test_unmarked_work_areas_are_adopted_only_when_the_journal_is_new(
     assert (w.work(legacy) / "5" / "z.pdf").exists()
     w.fresh = True
     assert [r.item.relpath for r in w.recover()] == ["z.pdf"]
+
+
+def test_a_kept_original_counts_as_kept_the_moment_it_is_back_in_the_inbox(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """on_success: keep puts the original back from a worker thread; the intake (another
+    thread) may look at it between the move and its record in `kept`. It must count as
+    kept then too, or it is claimed and converted again (seen under CPU load)."""
+    import os
+
+    from ocrd import outbox
+    from ocrd.watch import entry_for
+
+    w = World(tmp_path)
+    w.box = w.box.model_copy(update={"on_success": "keep", "archive": None})
+    job = w.row("a.pdf", w.claimed(1, "a.pdf", b"original"), "finishing")
+    seen: list[bool] = []
+    real_move = outbox.move_unique
+    holder: dict = {}
+
+    def move_then_look(src, name, dst, want):  # type: ignore[no-untyped-def]
+        moved = real_move(src, name, dst, want)
+        path = w.inbox / moved
+        entry = entry_for(path, moved, os.lstat(path))
+        seen.append(holder["outcomes"].is_kept(holder["inbox"], entry))
+        return moved
+
+    monkeypatch.setattr(outbox, "move_unique", move_then_look)
+    # the journal records the file as done only after the put-back: it cannot know it yet
+    # (and its connection belongs to the event loop's thread)
+    monkeypatch.setattr(w.journal, "is_kept", lambda *_: False)
+    real_outcomes = Outcomes
+
+    def outcomes_spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        holder["outcomes"] = real_outcomes(*args, **kwargs)
+        return holder["outcomes"]
+
+    real_add = Inboxes.add
+
+    def add_spy(self, cfg):  # type: ignore[no-untyped-def]
+        holder["inbox"] = real_add(self, cfg)
+        return holder["inbox"]
+
+    monkeypatch.setattr(sys.modules[__name__], "Outcomes", outcomes_spy)
+    monkeypatch.setattr(Inboxes, "add", add_spy)
+    assert w.recover() == []
+    assert w.state_of(job)[0] == "done"
+    assert (w.inbox / "a.pdf").read_bytes() == b"original"
+    assert seen == [True]
