@@ -15,10 +15,12 @@ drop to the last Markdown file. Rows:
   2gpu_dp        one server over both GPUs, vLLM's --data-parallel-size 2 (issue 21)
   ROW_float      any row with vLLM's float page views (engine.vllm.uint8_pixels: false)
                  instead of ocrd's uint8 views (the default; issue 22)
+  ROW_sN         any row with max_num_seqs N per server (default --max-num-seqs, 256)
 
---direct-pages N: before ocrd's pages, N other pages go straight to the row's servers
-with a plain HTTP client (the requests ocrd sends, ocrd's number of pages in flight
-split evenly), measured like ocrd's run: what the servers do without the daemon.
+--direct-pages N: before ocrd's pages (after them with --direct-after), N other pages go
+straight to the row's servers with a plain HTTP client (the requests ocrd sends, ocrd's
+number of pages in flight split evenly), measured like ocrd's run: what the servers do
+without the daemon.
 
 Per row: engine start (s), GPU memory after start (MiB per GPU), every server warmed at
 full width with short answers (compiled kernels: no row pays them), pages/s, pages/s in
@@ -36,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -56,6 +59,7 @@ ROWS_ONE = ["1gpu_x1", "1gpu_x2"]
 # the engine core's line at its first uint8 views (ocrd/vllm_model/dsocr2_pixels.py, which
 # imports vLLM: not imported here)
 UINT8_MARK = "ocrd page views arrive as uint8"
+GATE_MARK = "ocrd start gate: taken"  # ocrd/vllm_model/start_gate.py's TAKEN_MARK
 ROWS_TWO = ["1gpu_x1", "1gpu_x2", "2gpu_per_gpu", "2gpu_dp"]
 
 
@@ -63,8 +67,15 @@ def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The engine config of a row: bench/gpu.py's settings plus the row's layout."""
     e = common.engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)
     v = e["vllm"]
-    v["uint8_pixels"] = not name.endswith("_float")
-    name = name.removesuffix("_float")
+    parts = name.split("_")  # "1gpu_x2_float_s384": the row, then its variations
+    suffixes = []
+    while parts and (parts[-1] == "float" or re.fullmatch(r"s\d+", parts[-1])):
+        suffixes.append(parts.pop())
+    name = "_".join(parts)
+    v["uint8_pixels"] = "float" not in suffixes
+    for x in suffixes:
+        if x != "float":
+            v["max_num_seqs"] = int(x[1:])
     v["engine_args"]["logits_processors"] = [common.OCRD_NGRAM, common.BAN_EOS]
     v["api_servers"] = args.api_servers
     one = [0] if args.gpus > 1 else []  # one GPU of a larger host; else the environment's
@@ -252,7 +263,11 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             result["warm_s"] = warm(d, args, warm_urls)
             result["uint8_views_arrived"] = sum(
                 1 for e in d.events("vllm_server") if UINT8_MARK in str(e.get("line", "")))
-            if direct_urls:
+            planned = d.events("vllm_servers_planned")
+            result["start"] = planned[-1].get("start") if planned else None
+            result["start_gate_taken"] = sum(
+                1 for e in d.events("vllm_server") if GATE_MARK in str(e.get("line", "")))
+            if direct_urls and not args.direct_after:
                 direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
                 common.save(args.out, f"multi_{name}_direct", result)
             t0 = d.drop(pdfs)
@@ -274,8 +289,16 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             if mid:
                 result["middle_pages_per_s"] = round(0.5 * n / (mid[1] - mid[0]), 3)
                 result["middle_gpu_busy_pct"] = busy.busy(*mid)
+            print("OCRD", json.dumps({k: result.get(k) for k in (
+                "pages", "wall_s", "pages_per_s", "gpu_busy_pct", "middle_pages_per_s",
+                "middle_gpu_busy_pct", "peak_ocrd_pages_in_flight", "daemon_ready_s",
+                "server_start_s", "start", "start_gate_taken")}), flush=True)
+            common.save(args.out, f"multi_{name}_ocrd", result)
             if singles:
                 one_page(d, args, singles, result)
+            if direct_urls and args.direct_after:
+                direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
+                common.save(args.out, f"multi_{name}_direct", result)
             if "killed" in result:
                 before = result["killed"]["ready_events_before"]
                 deadline = time.monotonic() + s["timeout"] + 600
@@ -333,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="one-page files into the idle daemon after ocrd's run (0: none)")
     p.add_argument("--direct-pages", type=int, default=0,
                    help="pages straight to each row's servers before ocrd's (0: none)")
+    p.add_argument("--direct-after", action="store_true",
+                   help="the plain client's pages after ocrd's (and the one-page files)")
     p.add_argument("--kill", default="", help="kill one server of this row a third in")
     p.add_argument("--quiet", type=float, default=1.0, help="inbox quiet_seconds")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")

@@ -14,6 +14,13 @@ a page), FAKE_VLLM_LIMIT (pages at once; default max_num_seqs), FAKE_VLLM_RECORD
 folder: PID.json with its argv, CUDA_VISIBLE_DEVICES and children, written at start),
 FAKE_VLLM_EXIT_ON_DEVICE (exit with code 3 before listening when CUDA_VISIBLE_DEVICES
 is this).
+
+With OCRD_VLLM_START_LOCK (ocrd's start gate) it sizes its memory as the real engine
+core does through ocrd's plugin: inside the gate (ocrd/vllm_model/start_gate.py, its
+lines on stdout), for FAKE_VLLM_SIZING_SECONDS (0.3), appending "arrived/taken/released
+PID LOCK" lines to FAKE_VLLM_GATE_LOG (a file) where given. FAKE_VLLM_GATE_HOLD_FOR=N
+keeps the gate (up to 30 s) until N servers have arrived at it: only servers started
+together pass that.
 """
 
 from __future__ import annotations
@@ -21,13 +28,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from test_remote_engine import FakeVllm
+
+from ocrd.vllm_model import start_gate
 
 CHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
 
@@ -43,6 +54,30 @@ class FakeServe(FakeVllm):
             return 200, {"object": "list", "data": [{"id": self.served_name,
                                                      "object": "model"}]}
         return await super()._answer(method, path, body, reader)
+
+
+def size_memory_at_the_gate(gate: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="INFO %(message)s")
+    gate_log = os.environ.get("FAKE_VLLM_GATE_LOG")
+
+    def note(what: str) -> None:
+        if gate_log:
+            with open(gate_log, "a") as f:  # O_APPEND: one line per write
+                f.write(f"{what} {os.getpid()} {gate}\n")
+
+    note("arrived")
+    start_gate.take(gate)
+    note("taken")
+    time.sleep(float(os.environ.get("FAKE_VLLM_SIZING_SECONDS", "0.3")))
+    hold_for = int(os.environ.get("FAKE_VLLM_GATE_HOLD_FOR", "0"))
+    deadline = time.monotonic() + 30
+    while gate_log and time.monotonic() < deadline and hold_for > sum(
+            1 for line in Path(gate_log).read_text().splitlines()
+            if line.startswith("arrived") and line.endswith(gate)):
+        time.sleep(0.05)
+    note("released")
+    start_gate.release()
+    sys.stdout.flush()
 
 
 async def main() -> None:
@@ -64,12 +99,16 @@ async def main() -> None:
     if record:
         Path(record, f"{os.getpid()}.json").write_text(json.dumps({
             "argv": sys.argv[1:], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "children": [c.pid for c in children], "pgid": os.getpgid(0)}))
+            "children": [c.pid for c in children], "pgid": os.getpgid(0),
+            "started": time.monotonic()}))
     await asyncio.sleep(float(os.environ.get("FAKE_VLLM_START_SECONDS", "0.5")))
     exit_on = os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE")
     if exit_on is not None and os.environ.get("CUDA_VISIBLE_DEVICES") == exit_on:
         print("ERROR fake vllm serve: no usable GPU", flush=True)
         sys.exit(3)
+    gate = os.environ.get(start_gate.ENV)
+    if gate:
+        size_memory_at_the_gate(gate)
     server = FakeServe(latency=float(os.environ.get("FAKE_VLLM_LATENCY", "0.2")),
                        limit=int(os.environ.get("FAKE_VLLM_LIMIT", args.max_num_seqs)),
                        port=args.port)

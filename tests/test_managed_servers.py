@@ -10,6 +10,7 @@ tests/vllm_engine/test_managed_server.py runs one real `vllm serve` (CPU build).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from ocrd.engines.managed import ManagedServerEngine, plan_servers, server_args
 from ocrd.engines.supervised import group_alive
 from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.pipeline import EngineGate
+from ocrd.vllm_model import start_gate
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fake_vllm_serve.py")]
 MODEL = "deepseek-ai/DeepSeek-OCR-2"
@@ -247,6 +249,119 @@ def test_start_is_ready_only_when_every_server_is(fake_env: dict[str, str], mode
     assert not any(group_alive(pgid) for pgid in engine.pgids)
     children = [pid for rec in recorded(tmp_path / "servers") for pid in rec["children"]]
     assert children and alive(children) == []
+
+
+def gate_lines(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """The fakes' gate log: (what, pid) per lock file, in the order they happened."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for line in path.read_text().splitlines():
+        what, pid, lock = line.split(" ", 2)
+        out.setdefault(lock, []).append((what, pid))
+    return out
+
+
+def test_servers_sharing_a_gpu_start_at_once_and_size_their_memory_in_turn(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """Two servers on each of two GPUs, through the start gate: all four start at once
+    (each fake keeps the gate until the other of its GPU has arrived at it, which only
+    a server started meanwhile does), the two of a GPU size their memory one after the
+    other (never both inside the gate), the two GPUs' gates are separate files in a
+    private folder, and close() removes that folder."""
+    cfg = engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[0, 1])
+    gate_log = tmp_path / "gate.log"
+    env = {**fake_env, "FAKE_VLLM_GATE_LOG": str(gate_log), "FAKE_VLLM_GATE_HOLD_FOR": "2",
+           "FAKE_VLLM_SIZING_SECONDS": "0.2"}
+
+    async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
+        engine = ManagedServerEngine(cfg, env=env, program=FAKE, start_gate=True)
+        facts: dict[str, Any] = {}
+        await engine.start()
+        try:
+            facts["locks"] = [s.env.get("OCRD_VLLM_START_LOCK") for s in engine.servers]
+            facts["ready_timeout"] = {s.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+                                      for s in engine.servers}
+            facts["taken"] = [s.gate_taken for s in engine.servers]
+            facts["gate_dir_mode"] = os.stat(Path(facts["locks"][0]).parent).st_mode & 0o777
+            facts["pages"] = await asyncio.gather(*(engine.ocr(page(n)) for n in range(8)))
+        finally:
+            await engine.close()
+        return engine, facts
+
+    engine, facts = asyncio.run(asyncio.wait_for(run(), 120))
+    locks = facts["locks"]
+    assert locks[0] == locks[1] and locks[2] == locks[3] and locks[0] != locks[2]
+    assert Path(locks[0]).name == "gpus-0.lock" and Path(locks[2]).name == "gpus-1.lock"
+    assert facts["gate_dir_mode"] == 0o700 and not Path(locks[0]).parent.exists()
+    assert facts["ready_timeout"] == {"1800"}
+    assert facts["taken"] == [True] * 4
+    assert len(facts["pages"]) == 8 and all(p.text for p in facts["pages"])
+    events = gate_lines(gate_log)
+    assert sorted(events) == sorted({locks[0], locks[2]})
+    for seq in events.values():
+        whats = [w for w, _ in seq]
+        # both arrived before the first was through (they started together) ...
+        assert whats.count("arrived") == 2, seq
+        assert max(i for i, w in enumerate(whats) if w == "arrived") < whats.index(
+            "released"), seq
+        # ... and passed one after the other, never both inside
+        turns = [(w, pid) for w, pid in seq if w != "arrived"]
+        assert [w for w, _ in turns] == ["taken", "released", "taken", "released"], seq
+        assert turns[0][1] == turns[1][1] != turns[2][1] == turns[3][1], seq
+    assert engine.restarts == 0
+
+
+def test_without_the_gate_servers_sharing_a_gpu_start_one_after_another(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """Where vLLM may not find ocrd's plugin (start_gate False) the second server of a
+    GPU starts only when the first is ready, and no server is told of a gate; vLLM's own
+    data parallelism (engine cores that set up their devices together) never gates."""
+    cfg = engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[0])
+
+    async def run() -> ManagedServerEngine:
+        engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE, start_gate=False)
+        await engine.start()
+        await engine.close()
+        return engine
+
+    engine = asyncio.run(asyncio.wait_for(run(), 60))
+    assert all("OCRD_VLLM_START_LOCK" not in s.env for s in engine.servers)
+    first, second = sorted(recorded(tmp_path / "servers"), key=lambda r: r["started"])
+    # the second server's process began once the first was up: not before the first had
+    # slept its start-up time (FAKE_VLLM_START_SECONDS)
+    assert second["started"] >= first["started"] + 0.5
+    dp = engine_config(model, gpus=[0, 1], data_parallel_size=2, api_servers=2)
+    assert ManagedServerEngine(dp).start_gate is False
+
+
+def test_a_start_gate_whose_holder_dies_opens_for_the_next(tmp_path: Path) -> None:
+    """The gate is a lock the kernel drops with its holder: an engine core killed while
+    sizing its memory never blocks the servers after it."""
+    lock = tmp_path / "gpus-0.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from ocrd.vllm_model import start_gate; "
+        f"start_gate.take({str(lock)!r}); print('held', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        blocked = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(blocked, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(blocked)
+    finally:
+        holder.kill()
+        holder.wait()
+    start_gate.take(str(lock))  # would wait forever if the dead holder still had it
+    try:
+        assert start_gate._held.get("fd") is not None
+    finally:
+        start_gate.release()
+    assert "fd" not in start_gate._held
+    # a link in the gate's place is not followed
+    (tmp_path / "elsewhere").write_text("")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link.lock")
+    with pytest.raises(OSError):
+        start_gate.take(str(tmp_path / "link.lock"))
+    assert "fd" not in start_gate._held
 
 
 def test_a_server_whose_children_outlive_it_is_noticed_and_cleared(

@@ -11,12 +11,16 @@ H200 busy (issue 22: two servers on one GPU made x1.51 in the middle of a run, t
 own port on 127.0.0.1 and CUDA_VISIBLE_DEVICES (ocrd/engines/serve_args.py). The remote
 engine's client balances the pages across them (the fewest in flight first).
 
-start() returns when every server answers /health (servers that share a GPU start one
-after another: vLLM sizes its KV cache from the memory free while it starts; groups of
-GPUs start at once). Each server is supervised on its own (ocrd/engines/supervised.py):
-one that dies is started again while the others keep converting; its pages in flight
-are retried on the others by the client, and pages wait (EngineUnavailable) only while
-no server is up. close() ends every server's process group.
+start() returns when every server answers /health. Every server starts at once: vLLM
+sizes its KV cache from the memory free while it starts, so servers that share a GPU pass
+that section one at a time through ocrd's start gate (a lock file per group of GPUs that
+their engine cores take through ocrd's vLLM plugin: ocrd/vllm_model/start_gate.py), and
+import vLLM meanwhile. Without the plugin (or with data parallelism, whose engine cores
+set up their devices together) they start one after another. Each server is
+supervised on its own (ocrd/engines/supervised.py): one that dies is started again while
+the others keep converting (a restart takes its turn at the gate too); its pages in
+flight are retried on the others by the client, and pages wait (EngineUnavailable) only
+while no server is up. close() ends every server's process group.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import structlog
@@ -40,7 +46,11 @@ from ocrd.engines.serve_args import (  # noqa: F401 - the tests' and bench's nam
     read_model_config,
     server_args,
 )
-from ocrd.engines.supervised import SupervisedServer, group_alive  # noqa: F401
+from ocrd.engines.supervised import (  # noqa: F401
+    START_TIMEOUT_SECONDS,
+    SupervisedServer,
+    group_alive,
+)
 from ocrd.engines.vllm_args import fast_encoder_usable
 from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.vllm_model import plugin
@@ -60,9 +70,12 @@ class ManagedServerEngine(Engine):
 
     def __init__(self, cfg: EngineConfig, *, api_servers: int | None = None,
                  env: dict[str, str] | None = None,
-                 program: list[str] | None = None) -> None:
+                 program: list[str] | None = None,
+                 start_gate: bool | None = None) -> None:
         """`api_servers` overrides the config's; `env` adds to the servers' environment;
-        `program` replaces the launcher of `vllm` (tests: a fake vLLM)."""
+        `program` replaces the launcher of `vllm` (tests: a fake vLLM); `start_gate`:
+        whether servers sharing GPUs start at once through the gate (default: where
+        vLLM finds ocrd's plugin and each server has one engine core)."""
         if api_servers:
             cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(
                 update={"api_servers": api_servers})})
@@ -83,6 +96,10 @@ class ManagedServerEngine(Engine):
         self._supervisors: list[asyncio.Task] = []
         self._closing = False
         self._hf_overrides: dict[str, Any] | None = None
+        if start_gate is None:
+            start_gate = plugin.installed() and cfg.vllm.data_parallel_size == 1
+        self.start_gate = start_gate
+        self._gate_dir: str | None = None
 
     # ---- what the tests and the benchmarks read ---------------------------------------
 
@@ -121,19 +138,33 @@ class ManagedServerEngine(Engine):
                                     self.cfg.vllm.batch_encoder,
                                     self.cfg.vllm.uint8_pixels),
                **(self.env or {})}
-        self.servers = [SupervisedServer(spec, self.command(spec)[1:], env,
-                                         self._client.probe_status, self.program)
-                        for spec in self.specs]
+        # the front ends wait this long for their engine core, which may first wait for
+        # the others' at the gate (vLLM's default, 600 s, is one cold start on a GPU)
+        env.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", str(int(START_TIMEOUT_SECONDS)))
+        groups: dict[str | None, list[ServerSpec]] = {}
+        for spec in self.specs:
+            groups.setdefault(spec.devices, []).append(spec)
+        gated = self.start_gate and any(len(g) > 1 for g in groups.values())
+        if gated:  # private: a lock file elsewhere could be another user's link
+            self._gate_dir = tempfile.mkdtemp(prefix="ocrd-vllm-start-")
+        self.servers = [
+            SupervisedServer(spec, self.command(spec)[1:],
+                             {**env, **self._gate_env(spec, len(groups[spec.devices]))},
+                             self._client.probe_status, self.program)
+            for spec in self.specs]
         log.info("vllm_servers_planned", servers=len(self.servers),
                  urls=[s.url for s in self.specs],
                  devices=[s.devices for s in self.specs],
                  api_servers_each=self.api_servers,
-                 gpu_memory_utilization_each=self.specs[0].gpu_memory_utilization)
+                 gpu_memory_utilization_each=self.specs[0].gpu_memory_utilization,
+                 start="at once, through the start gate" if gated
+                 else "one after another per GPU" if len(self.specs) > len(groups)
+                 else "at once")
         try:
-            groups: dict[str | None, list[SupervisedServer]] = {}
-            for server in self.servers:
-                groups.setdefault(server.spec.devices, []).append(server)
-            await asyncio.gather(*(self._start_group(g) for g in groups.values()))
+            await asyncio.gather(*(
+                self._start_group([s for s in self.servers if s.spec.devices == devices],
+                                  at_once=gated)
+                for devices in groups))
             await self._client.start()  # checks that the servers serve cfg.model
         except BaseException:
             await self._stop_all()
@@ -143,8 +174,18 @@ class ManagedServerEngine(Engine):
                                                  name=f"vllm-server-supervisor-{s.spec.name}")
                              for s in self.servers]
 
+    def _gate_env(self, spec: ServerSpec, sharing: int) -> dict[str, str]:
+        """The start gate's variable for a server whose GPUs `sharing` servers share."""
+        if self._gate_dir is None or sharing < 2:
+            return {}
+        name = "gpus-" + (spec.devices or "all").replace(",", "+") + ".lock"
+        return {plugin.START_LOCK_ENV: os.path.join(self._gate_dir, name)}
+
     @staticmethod
-    async def _start_group(servers: list[SupervisedServer]) -> None:
+    async def _start_group(servers: list[SupervisedServer], at_once: bool) -> None:
+        if at_once:  # their engine cores take turns at the gate
+            await asyncio.gather(*(server.start() for server in servers))
+            return
         for server in servers:  # one after another on the same GPUs
             await server.start()
 
@@ -171,6 +212,9 @@ class ManagedServerEngine(Engine):
         for server in self.servers:
             server.closing = True
         await asyncio.gather(*(s.stop_process() for s in self.servers))
+        if self._gate_dir is not None:
+            shutil.rmtree(self._gate_dir, ignore_errors=True)
+            self._gate_dir = None
 
     def _dead(self) -> str | None:
         return next((s.dead for s in self.servers if s.dead is not None), None)

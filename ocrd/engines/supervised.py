@@ -22,7 +22,7 @@ import structlog
 
 from ocrd.engines.serve_args import ServerSpec
 from ocrd.errors import EngineDead
-from ocrd.vllm_model import plugin
+from ocrd.vllm_model import plugin, start_gate
 
 log = structlog.get_logger("ocrd.engines.managed")
 
@@ -106,6 +106,8 @@ class SupervisedServer:
         self.closing = False
         self.restarts = 0
         self.fast_encoder_loaded = False  # its engine core built ocrd's encoder model
+        self.gated = plugin.START_LOCK_ENV in self.env  # sizes its memory at the gate
+        self.gate_taken = False  # this start's engine core took the gate
         self.pgids: list[int] = []  # every process group it had, for tests and stop()
         self.start_seconds: list[float] = []
 
@@ -117,6 +119,7 @@ class SupervisedServer:
         """Start the server and wait for /health; EngineDead if it exits or never answers."""
         t0 = time.monotonic()
         self._tail.clear()
+        self.gate_taken = False
         self.proc = await asyncio.create_subprocess_exec(
             *(self.program or launcher()), *self.args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -137,6 +140,11 @@ class SupervisedServer:
         seconds = time.monotonic() - t0
         self.start_seconds.append(seconds)
         self.up = True
+        if self.gated and not self.gate_taken:
+            log.warning("vllm_start_gate_unused", server=self.spec.name,
+                        note="its engine core never took the start gate (is ocrd's vLLM "
+                             "plugin loaded?): servers sharing its GPUs may have sized "
+                             "their memory at the same time")
         log.info("vllm_server_ready", server=self.spec.name, url=self.url, pid=self.proc.pid,
                  seconds=round(seconds, 1), restarts=self.restarts)
 
@@ -173,6 +181,8 @@ class SupervisedServer:
             if text:
                 self._tail.append(text)
                 log.info("vllm_server", server=self.spec.name, pid=proc.pid, line=text)
+                if start_gate.TAKEN_MARK in text:
+                    self.gate_taken = True
                 if plugin.LOADED_MARK in text:
                     self.fast_encoder_loaded = True
                     log.info("vllm_fast_encoder_active", server=self.spec.name, pid=proc.pid,

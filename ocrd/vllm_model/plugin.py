@@ -5,7 +5,9 @@ vLLM calls `register()` in every process it starts (entry point group
 builds the model and every `vllm serve` process. It does something only where ocrd asked
 for it through the environment (`OCRD_VLLM_FAST_ENCODER=1|batched|auto` after
 `engine.vllm.batch_encoder`, set by the in-process engine and the managed server when
-`engine.vllm.fast_encoder` is on), so other vLLM users on the same machine are left alone.
+`engine.vllm.fast_encoder` is on; `OCRD_VLLM_START_LOCK`, set by the managed engine for
+servers that share GPUs and start at once: start_gate.py), so other vLLM users on the same
+machine are left alone.
 This module imports nothing heavy: vLLM imports the model class lazily, when it builds
 that architecture.
 
@@ -23,6 +25,8 @@ from importlib import metadata
 ENV = "OCRD_VLLM_FAST_ENCODER"
 # "uint8": ocrd's model class hands the page views over as uint8 (dsocr2_pixels.py)
 PIXELS_ENV = "OCRD_VLLM_PIXELS"
+# a lock file: the engine core sizes its memory inside it (start_gate.py; its ENV)
+START_LOCK_ENV = "OCRD_VLLM_START_LOCK"
 BATCHED = "batched"
 AUTO = "auto"
 ARCHITECTURE = "DeepseekOCR2ForCausalLM"
@@ -38,6 +42,14 @@ def register() -> None:
     """vllm.general_plugins entry point."""
     if os.environ.get(ENV) in ("1", BATCHED, AUTO) and has_model_code():
         use(True)
+    gate = os.environ.get(START_LOCK_ENV)
+    if gate:
+        from ocrd.vllm_model import start_gate
+
+        try:
+            start_gate.install(gate)
+        except Exception as e:  # noqa: BLE001 - another vLLM's layout: start ungated
+            start_gate.logger.warning("ocrd start gate not installed: %r", e)
 
 
 def has_model_code() -> bool:

@@ -10,6 +10,7 @@ use api_servers 2, the setting a GPU machine would use with more.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,8 @@ from ocrd.engines.managed import (
 from ocrd.engines.vllm import VllmEngine
 from ocrd.errors import EngineUnavailable
 from ocrd.pipeline import EngineGate
+from ocrd.vllm_model.plugin import START_LOCK_ENV
+from ocrd.vllm_model.start_gate import RELEASED_MARK, TAKEN_MARK, WAITING_MARK
 
 API_SERVERS = 2
 
@@ -254,3 +258,56 @@ def test_server_stops_when_ocrd_is_killed(
         if server is not None:  # never leave it running, whatever the test found
             for pid in session_members([server]):
                 os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.vllm
+def test_a_real_engine_core_sizes_its_memory_inside_the_start_gate(
+        model_dir: Path, vllm_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ocrd's plugin in a real `vllm serve` (CPU build) told of a start gate
+    (ocrd/vllm_model/start_gate.py) that another engine holds (here: the test): its
+    engine core waits before it sets up its device, takes the gate once it is free, and
+    gives it back only after its KV cache is allocated and the model warmed up; then it
+    serves, and the gate is free for the next."""
+    from serve import VllmServer
+
+    lock = tmp_path / "gpus-0.lock"
+    monkeypatch.setenv(START_LOCK_ENV, str(lock))
+    server = VllmServer(model_dir, tmp_path / "server.log")
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another engine on this GPU is sizing its memory
+    server.start()
+    try:
+        deadline = time.monotonic() + 240
+        while WAITING_MARK not in server.log_path.read_text(errors="replace"):
+            assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.2)
+        time.sleep(2.0)  # whatever it does now, it does while the gate is held
+        waiting = server.log_path.read_text(errors="replace")
+        assert TAKEN_MARK not in waiting and "KV cache size" not in waiting
+        assert "init engine" not in waiting, server.log_tail()
+        with pytest.raises(OSError):  # no answer while its engine core waits
+            urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=2)
+        os.close(held)  # the other engine is through
+        held = -1
+        server.wait_ready()
+        lines = server.log_path.read_text(errors="replace").splitlines()
+
+        def first(text: str) -> int:
+            return next(i for i, line in enumerate(lines) if text in line)
+
+        assert (first(WAITING_MARK) < first(TAKEN_MARK) < first("KV cache size")
+                < first("init engine") < first(RELEASED_MARK)), server.log_tail()
+        # free again while the server runs
+        probe = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+        with urllib.request.urlopen(server.url + "/models", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        server.stop()
+        if held >= 0:
+            os.close(held)
