@@ -212,6 +212,31 @@ def test_request_is_vllms_chat_format() -> None:
     assert out.finished_at >= out.started_at > 0
 
 
+@pytest.mark.parametrize("mode,size", [
+    ("RGB", (1190, 1684)), ("RGB", (1, 1)), ("RGB", (3, 1000)), ("L", (333, 77)),
+    ("RGBA", (64, 65)), ("P", (50, 40)), ("1", (17, 9)), ("I;16", (20, 30))])
+def test_the_page_png_decodes_to_the_pixels_pillows_png_gave(mode: str, size: tuple) -> None:
+    """ocrd writes the page's PNG itself (rows unfiltered: half the CPU of Pillow's
+    writer, bench/png_micro.py): a valid PNG (chunk CRCs checked by Pillow) that
+    decodes to exactly the RGB pixels Pillow's own PNG of the page decoded to."""
+    import random
+
+    rnd = random.Random(f"{mode}{size}")
+    rgb = Image.frombytes("RGB", size, rnd.randbytes(size[0] * size[1] * 3))
+    image = rgb if mode == "RGB" else rgb.convert(mode)
+    data = remote.png_bytes(image)
+    Image.open(io.BytesIO(data)).verify()  # structure and CRCs
+    ours = Image.open(io.BytesIO(data))
+    ours.load()
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG", compress_level=1)
+    pillows = Image.open(io.BytesIO(buf.getvalue()))
+    assert ours.mode == "RGB" and ours.size == size
+    assert ours.tobytes() == pillows.convert("RGB").tobytes()
+    assert remote.image_data_url(image) == (
+        "data:image/png;base64," + base64.b64encode(data).decode("ascii"))
+
+
 def test_chat_text_strips_only_the_placeholder() -> None:
     assert chat_text("<image>\nFree OCR. ") == "Free OCR. "
     assert chat_text("<image>Free OCR.") == "Free OCR."
