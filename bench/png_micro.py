@@ -7,8 +7,9 @@ unfiltered, deflated at level 1), side by side, interleaved.
 Pages (RGB): a page of bench/gpu.py's PDFs as ocrd renders it (144 dpi: an A4 page
 image in a PDF), a rendered text page, a scan-like page (paper grain over a gradient)
 and a photo-like one. Per page: ms per encoding (median of the rounds) for each writer
-and the ratio ocrd ÷ Pillow (< 1: ocrd's faster), the bytes of each, and whether the
-PNG decodes to the same pixels. Then every page 4 times over in as many threads as
+and the ratio ocrd ÷ Pillow (< 1: ocrd's faster), the bytes of each, whether the PNG
+decodes to the same pixels, and the time Pillow takes to decode each (the server's front
+end does). Then every page 4 times over in as many threads as
 there are cores (the daemon encodes in threads): pages per second for each writer.
 """
 
@@ -69,18 +70,24 @@ def main(argv: list[str] | None = None) -> None:
           f"{'Pillow KB':>10} {'ocrd KB':>8}  same pixels")
     for name, image in images.items():
         times: dict[str, list[float]] = {"pillow": [], "ocrd": []}
+        decode: dict[str, list[float]] = {"pillow": [], "ocrd": []}
         out: dict[str, bytes] = {}
         for _ in range(args.rounds):
             for key, fn in (("pillow", pillow_png), ("ocrd", png_bytes)):
                 t0 = time.perf_counter()
                 out[key] = fn(image)
                 times[key].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()  # what the server's front end does with it
+                Image.open(io.BytesIO(out[key])).load()
+                decode[key].append(time.perf_counter() - t0)
         back = Image.open(io.BytesIO(out["ocrd"]))
         back.load()
         same = back.mode == "RGB" and back.tobytes() == image.tobytes()
         a, b = (statistics.median(times[k]) * 1000 for k in ("pillow", "ocrd"))
+        da, db = (statistics.median(decode[k]) * 1000 for k in ("pillow", "ocrd"))
         print(f"{name:<26} {a:>10.1f} {b:>8.1f} {b / a:>6.2f} "
-              f"{len(out['pillow']) / 1024:>10.0f} {len(out['ocrd']) / 1024:>8.0f}  {same}")
+              f"{len(out['pillow']) / 1024:>10.0f} {len(out['ocrd']) / 1024:>8.0f}  {same}"
+              f"   decode {da:.1f} -> {db:.1f} ms ({db / da:.2f})")
         if not same:
             raise SystemExit(f"{name}: ocrd's PNG does not decode to the page's pixels")
     work = list(images.values()) * 4
