@@ -273,6 +273,9 @@ def test_a_real_engine_core_sizes_its_memory_inside_the_start_gate(
 
     lock = tmp_path / "gpus-0.lock"
     monkeypatch.setenv(START_LOCK_ENV, str(lock))
+    # the server's INFO lines, as the managed engine asks for them (a test before this one
+    # may have run ocrd's logging set-up, which turns vLLM's off for its own process)
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "1")
     server = VllmServer(model_dir, tmp_path / "server.log")
     held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)  # another engine on this GPU is sizing its memory
