@@ -54,12 +54,12 @@ from bench import gpu_common as common  # noqa: E402
 from bench import gpu_inputs as inputs  # noqa: E402
 from bench import gpu_measure as measure  # noqa: E402
 from bench.gpu_daemon import GpuDaemon, direct_http, stop_and_record  # noqa: E402
+from ocrd.vllm_model.start_gate import TAKEN_MARK  # noqa: E402 - imports no vLLM
 
 ROWS_ONE = ["1gpu_x1", "1gpu_x2"]
 # the engine core's line at its first uint8 views (ocrd/vllm_model/dsocr2_pixels.py, which
 # imports vLLM: not imported here)
 UINT8_MARK = "ocrd page views arrive as uint8"
-GATE_MARK = "ocrd start gate: taken"  # ocrd/vllm_model/start_gate.py's TAKEN_MARK
 ROWS_TWO = ["1gpu_x1", "1gpu_x2", "2gpu_per_gpu", "2gpu_dp"]
 
 
@@ -266,10 +266,14 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             planned = d.events("vllm_servers_planned")
             result["start"] = planned[-1].get("start") if planned else None
             result["start_gate_taken"] = sum(
-                1 for e in d.events("vllm_server") if GATE_MARK in str(e.get("line", "")))
-            if direct_urls and not args.direct_after:
+                1 for e in d.events("vllm_server") if TAKEN_MARK in str(e.get("line", "")))
+
+            def plain_client() -> None:
                 direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
                 common.save(args.out, f"multi_{name}_direct", result)
+
+            if direct_urls and not args.direct_after:
+                plain_client()
             t0 = d.drop(pdfs)
             if args.kill == name:
                 kill_one(d, result, len(pdfs))
@@ -297,8 +301,7 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             if singles:
                 one_page(d, args, singles, result)
             if direct_urls and args.direct_after:
-                direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
-                common.save(args.out, f"multi_{name}_direct", result)
+                plain_client()
             if "killed" in result:
                 before = result["killed"]["ready_events_before"]
                 deadline = time.monotonic() + s["timeout"] + 600

@@ -30,6 +30,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections import Counter
 from typing import Any
 
 import structlog
@@ -141,17 +142,18 @@ class ManagedServerEngine(Engine):
         # the front ends wait this long for their engine core, which may first wait for
         # the others' at the gate (vLLM's default, 600 s, is one cold start on a GPU)
         env.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", str(int(START_TIMEOUT_SECONDS)))
-        groups: dict[str | None, list[ServerSpec]] = {}
-        for spec in self.specs:
-            groups.setdefault(spec.devices, []).append(spec)
-        gated = self.start_gate and any(len(g) > 1 for g in groups.values())
+        sharing = Counter(spec.devices for spec in self.specs)  # servers per GPU group
+        gated = self.start_gate and max(sharing.values()) > 1
         if gated:  # private: a lock file elsewhere could be another user's link
             self._gate_dir = tempfile.mkdtemp(prefix="ocrd-vllm-start-")
         self.servers = [
             SupervisedServer(spec, self.command(spec)[1:],
-                             {**env, **self._gate_env(spec, len(groups[spec.devices]))},
+                             {**env, **self._gate_env(spec, sharing[spec.devices])},
                              self._client.probe_status, self.program)
             for spec in self.specs]
+        groups: dict[str | None, list[SupervisedServer]] = {}
+        for server in self.servers:
+            groups.setdefault(server.spec.devices, []).append(server)
         log.info("vllm_servers_planned", servers=len(self.servers),
                  urls=[s.url for s in self.specs],
                  devices=[s.devices for s in self.specs],
@@ -161,10 +163,8 @@ class ManagedServerEngine(Engine):
                  else "one after another per GPU" if len(self.specs) > len(groups)
                  else "at once")
         try:
-            await asyncio.gather(*(
-                self._start_group([s for s in self.servers if s.spec.devices == devices],
-                                  at_once=gated)
-                for devices in groups))
+            await asyncio.gather(*(self._start_group(group, at_once=gated)
+                                   for group in groups.values()))
             await self._client.start()  # checks that the servers serve cfg.model
         except BaseException:
             await self._stop_all()
