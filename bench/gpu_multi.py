@@ -69,13 +69,15 @@ def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     v = e["vllm"]
     parts = name.split("_")  # "1gpu_x2_float_s384": the row, then its variations
     suffixes = []
-    while parts and (parts[-1] == "float" or re.fullmatch(r"s\d+", parts[-1])):
+    while parts and (parts[-1] == "float" or re.fullmatch(r"[sq]\d+", parts[-1])):
         suffixes.append(parts.pop())
     name = "_".join(parts)
     v["uint8_pixels"] = "float" not in suffixes
     for x in suffixes:
-        if x != "float":
+        if x[0] == "s":
             v["max_num_seqs"] = int(x[1:])
+        elif x[0] == "q":  # pages each server holds beyond its batch
+            v["queue_per_server"] = int(x[1:])
     v["engine_args"]["logits_processors"] = [common.OCRD_NGRAM, common.BAN_EOS]
     v["api_servers"] = args.api_servers
     one = [0] if args.gpus > 1 else []  # one GPU of a larger host; else the environment's
@@ -271,6 +273,11 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             def plain_client() -> None:
                 direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
                 common.save(args.out, f"multi_{name}_direct", result)
+                for n in args.direct_also:  # the same pages again, with n in flight
+                    again: dict[str, Any] = {}
+                    direct(d, args, direct_urls, n, busy, again)
+                    result.setdefault("direct_also", []).append(again["direct"])
+                    common.save(args.out, f"multi_{name}_direct", result)
 
             if direct_urls and not args.direct_after:
                 plain_client()
@@ -325,10 +332,10 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = (f"{r['pages_per_s'] / base:.2f}" if base and r.get("pages_per_s") else "—")
-        if "direct" in r:
-            x = r["direct"]
+        for x in ([r["direct"]] if "direct" in r else []) + r.get("direct_also", []):
             lines.append(
-                f"| {r['config']} | plain client | {x.get('pages')} | {x.get('pages_per_s')} | "
+                f"| {r['config']} | plain client, {x.get('in_flight')} in flight | "
+                f"{x.get('pages')} | {x.get('pages_per_s')} | "
                 f"{x.get('middle_pages_per_s')} | | {x.get('gpu_busy_pct')} "
                 f"({x.get('middle_gpu_busy_pct')}) | | | | |")
         lines.append(
@@ -361,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="pages straight to each row's servers before ocrd's (0: none)")
     p.add_argument("--direct-after", action="store_true",
                    help="the plain client's pages after ocrd's (and the one-page files)")
+    p.add_argument("--direct-also", type=lambda t: [int(x) for x in t.split(",") if x],
+                   default=[], metavar="N,...",
+                   help="after the plain client's run, the same pages again with N in flight")
     p.add_argument("--kill", default="", help="kill one server of this row a third in")
     p.add_argument("--quiet", type=float, default=1.0, help="inbox quiet_seconds")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")

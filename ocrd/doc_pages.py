@@ -89,9 +89,9 @@ class DocumentPages:
 
             async def request() -> PageRequest:
                 return self._request(i, waiting.pop() if waiting else await self._render(i),
-                                     kept)
+                                     kept, rank)
 
-            await conv.slots.acquire(self.doc_key, self.src.order)
+            rank = await conv.slots.acquire(self.doc_key, self.src.order)
             held = False
             self._moved_on()
             out = await self._in_engine(request, i)
@@ -107,14 +107,15 @@ class DocumentPages:
             if held:
                 self._moved_on()
 
-    def _request(self, i: int, page: pages.RenderedPage, kept: list[Any]) -> PageRequest:
+    def _request(self, i: int, page: pages.RenderedPage, kept: list[Any],
+                 rank: int = 0) -> PageRequest:
         src = self.src
         own_mode = self.conv.engine.page_mode != "RGB"
         req = PageRequest(image=None if own_mode else page.to_image(),
                           rendered=page if own_mode else None, page_no=i + 1,
                           doc_id=src.sha256 or src.name,
                           prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
-                          custom_prompt=src.custom_prompt, dpi=page.dpi)
+                          custom_prompt=src.custom_prompt, dpi=page.dpi, rank=rank)
         if self.keep_image:  # for figure crops: packed (3 bytes a pixel, not Pillow's 4),
             kept[:] = [page]  # and the engine may drop its image once it has encoded it
         return req

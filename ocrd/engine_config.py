@@ -64,6 +64,11 @@ class VllmConfig(_Strict):
     # (issue 22: 2 servers made x1.51 in the middle of a run, GPU 94 % busy; 3 no more).
     # > 1 starts the managed mode even with api_servers 1.
     servers_per_gpu: int = Field(default=1, ge=1, le=16)
+    # Managed mode: pages sent to each server beyond its batch (max_num_seqs), to wait
+    # in its queue already prepared by its front ends, so that pages finishing together
+    # are replaced at the engine's next step instead of after their successors' image
+    # processing. null: 4 per front end.
+    queue_per_server: int | None = Field(default=None, ge=0)
     # Managed mode on these CUDA devices (ids as nvidia-smi numbers them): one group of
     # servers per tensor_parallel_size × data_parallel_size devices, each server started
     # with CUDA_VISIBLE_DEVICES set to its group. []: the devices ocrd's environment

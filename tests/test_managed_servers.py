@@ -124,6 +124,22 @@ def test_servers_per_gpu_and_gpus_split_memory_front_ends_and_devices() -> None:
     assert {s.api_servers for s in free} == {1}
 
 
+def test_the_servers_queue_pages_by_their_rank() -> None:
+    """Managed servers order their queues by priority, and ocrd sends each page's rank
+    as its priority (a receipt's page before a manual's queued ones:
+    tests/vllm_engine/test_managed_server.py shows it with a real server); engine_args
+    naming another policy turn both off."""
+    cfg = engine_config(servers_per_gpu=2)
+    [spec, _] = plan_servers(cfg)
+    assert flags(server_args(cfg, spec.port, spec.api_servers))["--scheduling-policy"] == \
+        "priority"
+    assert ManagedServerEngine(cfg)._client.send_priority is True
+    fcfs = engine_config(servers_per_gpu=2, engine_args={"scheduling_policy": "fcfs"})
+    assert flags(server_args(fcfs, spec.port, spec.api_servers))["--scheduling-policy"] == \
+        "fcfs"
+    assert ManagedServerEngine(fcfs)._client.send_priority is False
+
+
 def test_data_parallel_in_one_server_spans_its_gpus() -> None:
     """vLLM's own data parallelism: one server over both GPUs, --data-parallel-size 2."""
     cfg = engine_config(gpus=[0, 1], data_parallel_size=2, api_servers=8)
@@ -142,6 +158,10 @@ def test_config_checks_and_the_engine_chosen(tmp_path: Path) -> None:
     engine = create_engine(engine_config(servers_per_gpu=2, api_servers=8, max_num_seqs=100))
     # every server's batch full plus a few pages per front end, on each server
     assert engine.max_concurrency == 2 * (100 + 4 * 4)
+    # or a queue of the config's size: a whole batch prepared ahead
+    deep = create_engine(engine_config(servers_per_gpu=2, api_servers=8, max_num_seqs=100,
+                                       queue_per_server=100))
+    assert deep.max_concurrency == 2 * (100 + 100)
     for bad, words in (({"gpus": [0, 0]}, "each device once"),
                        ({"gpus": [0, 1, 2], "data_parallel_size": 2}, "do not split"),
                        ({"server_port": 65535, "servers_per_gpu": 2}, "pass 65535")):

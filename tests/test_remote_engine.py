@@ -20,7 +20,7 @@ import json
 import socket
 import ssl
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -207,9 +207,24 @@ def test_request_is_vllms_chat_format() -> None:
     assert req["vllm_xargs"] == {"ngram_size": 30, "window_size": 90,
                                  "whitelist_token_ids": [128821, 128822]}
     assert "repetition_detection" not in req  # first try: the recipe's settings only
+    assert "priority" not in req  # a server of the user's refuses one without its policy
     assert out.text.endswith("Hello") and out.finish_reason == "stop"
     assert (out.tokens, out.prompt_tokens, out.attempts, out.degraded) == (42, 1146, 1, None)
     assert out.finished_at >= out.started_at > 0
+
+
+def test_a_page_carries_its_rank_as_vllms_priority_when_asked() -> None:
+    async def run() -> list[dict]:
+        server = await FakeVllm().start()
+        engine = RemoteEngine(config(server.url), send_priority=True)
+        await engine.start()
+        for rank in (7, 0):
+            await engine.ocr(replace(page(), rank=rank))
+        await engine.close()
+        await server.stop()
+        return server.requests
+
+    assert [r["priority"] for r in asyncio.run(run())] == [7, 0]
 
 
 @pytest.mark.parametrize("mode,size", [

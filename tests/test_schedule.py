@@ -70,6 +70,21 @@ def test_a_freed_slot_goes_to_the_document_with_fewest_pages_in_flight() -> None
     assert asyncio.run(scenario()) == ["receipt", "manual"]
 
 
+def test_a_slot_tells_its_documents_pages_in_flight_before_it() -> None:
+    """The rank an engine's own queue orders pages by (vLLM's priority)."""
+    async def scenario() -> list[int]:
+        slots = FairSlots(3)
+        ranks = [await slots.acquire("manual"), await slots.acquire("manual"),
+                 await slots.acquire("receipt")]
+        waiting = asyncio.create_task(slots.acquire("manual"))
+        await settle()
+        slots.release("manual")  # the waiting page takes the freed slot: 1 before it
+        ranks.append(await waiting)
+        return ranks
+
+    assert asyncio.run(scenario()) == [0, 1, 0, 1]
+
+
 def test_equal_documents_are_served_in_their_order_key() -> None:
     async def scenario() -> list[str]:
         slots = FairSlots(1)

@@ -35,6 +35,10 @@ class PageRequest:
     # for an engine whose page_mode is not RGB: the page as rendered, packed in its own
     # mode (pages.RenderedPage: grey or 1-bit), not made into a Pillow image
     rendered: Any = None
+    # pages of the same document already in flight when this one got its slot: an
+    # engine with a queue of its own serves lower ranks first, as the daemon's slots do
+    # (a one-page receipt does not wait behind a manual's queued pages)
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 
 from ocrd.config import EngineConfig
+from ocrd.engine_config import VllmConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.remote import RemoteEngine
@@ -61,6 +62,19 @@ log = structlog.get_logger(__name__)
 # Pages in flight beyond max_num_seqs, per front end: pages being prepared while the
 # engine's batch is full, so that a finished page is replaced at once.
 QUEUE_PER_API_SERVER = 4
+
+
+def priority_scheduling(cfg: EngineConfig) -> bool:
+    """Whether the managed servers order their queues by the pages' ranks (vLLM's
+    priority policy: ocrd's default, unless engine_args name another)."""
+    return cfg.vllm.engine_args.get("scheduling_policy", "priority") == "priority"
+
+
+def queue_per_server(v: VllmConfig, api_servers: int) -> int:
+    """Pages each managed server holds beyond its batch: the config's, or 4 per front
+    end."""
+    return v.queue_per_server if v.queue_per_server is not None else (
+        QUEUE_PER_API_SERVER * api_servers)
 
 
 class ManagedServerEngine(Engine):
@@ -90,8 +104,9 @@ class ManagedServerEngine(Engine):
         self._client = RemoteEngine(cfg.model_copy(update={
             "kind": "remote", "urls": [s.url for s in self.specs],
             "concurrency_per_url": cfg.vllm.max_num_seqs,
-            "queue_per_url": QUEUE_PER_API_SERVER * self.api_servers}),
-            use_proxy=False)  # 127.0.0.1: never through a proxy
+            "queue_per_url": queue_per_server(cfg.vllm, self.api_servers)}),
+            use_proxy=False,  # 127.0.0.1: never through a proxy
+            send_priority=priority_scheduling(cfg))
         self.max_concurrency = self._client.max_concurrency
         self.servers: list[SupervisedServer] = []
         self._supervisors: list[asyncio.Task] = []

@@ -128,13 +128,17 @@ class RemoteEngine(Engine):
     kind = "remote"
     output_format = deepseek_ocr2.OUTPUT_FORMAT
 
-    def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True) -> None:
+    def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True,
+                 send_priority: bool = False) -> None:
         """`use_proxy=False`: connect directly, whatever HTTP(S)_PROXY says (for a
-        server on this machine)."""
+        server on this machine). `send_priority`: each request carries its page's rank
+        as vLLM's `priority` (servers started with `--scheduling-policy priority`, which
+        refuse a priority otherwise)."""
         if not cfg.urls:
             raise ConfigError("engine.urls is empty: the remote engine needs a server URL")
         self.cfg = cfg
         self.model = cfg.model
+        self.send_priority = send_priority
         per_server = cfg.concurrency_per_url + cfg.queue_per_url
         self.servers = [_Server(u.rstrip("/"), per_server) for u in cfg.urls]
         self.max_concurrency = per_server * len(self.servers)
@@ -239,6 +243,8 @@ class RemoteEngine(Engine):
             # per-request arguments of the server's NGramPerReqLogitsProcessor
             "vllm_xargs": settings.extra_args(),
         }
+        if self.send_priority:  # lower first; vLLM breaks ties by arrival
+            payload["priority"] = page.rank
         rep = settings.repetition_params()
         if rep is not None:
             # vLLM >= 0.19 stops a looping request early; older servers ignore the field.

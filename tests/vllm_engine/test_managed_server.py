@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,40 @@ def session_members(sessions: list[int]) -> list[str]:
         if stat[0] != "Z" and int(stat[3]) in sessions:
             found.append(entry.name)
     return found
+
+
+def server_gauge(engine: ManagedServerEngine, name: str) -> float:
+    """A gauge of the (first) managed server's /metrics, summed over its labels."""
+    base = engine.servers[0].spec.url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+async def receipt_behind_a_manual(engine: ManagedServerEngine, n: int) -> dict[str, Any]:
+    """n pages of one document (ranks 0..n-1, as the daemon's slots number them) fill
+    the server's batch and queue; then a one-page document (rank 0) arrives. Returns
+    in which order they finished, and the queue the receipt found."""
+    done: list[str] = []
+
+    async def page(req: PageRequest, name: str) -> PageOutput:
+        out = await engine.ocr(req)
+        done.append(name)
+        return out
+
+    manual = [asyncio.create_task(page(replace(noise(100 + i), doc_id="manual", rank=i),
+                                       f"manual{i}")) for i in range(n)]
+    waiting = 0.0
+    for _ in range(600):  # until the server holds the manual's pages in its queue
+        waiting = await asyncio.to_thread(server_gauge, engine, "vllm:num_requests_waiting")
+        if waiting >= n - engine.cfg.vllm.max_num_seqs:
+            break
+        await asyncio.sleep(0.1)
+    receipt = await page(replace(noise(99), doc_id="receipt", rank=0), "receipt")
+    outs = await asyncio.gather(*manual)
+    return {"done": done, "waiting": waiting, "tokens": [o.tokens for o in outs],
+            "receipt_tokens": receipt.tokens, "reasons": {o.finish_reason for o in outs}}
 
 
 async def convert_waiting(engine: ManagedServerEngine,
@@ -155,7 +190,9 @@ def test_create_engine_picks_the_managed_server_for_several_front_ends() -> None
 def test_managed_server_converts_restarts_and_closes(
         tiny_config: Callable[..., EngineConfig], vllm_env: dict[str, str],
         model_dir: Path) -> None:
-    cfg = managed_config(tiny_config)
+    # the server's queue holds a whole manual beyond its batch (engine.vllm.queue_per_server)
+    cfg = managed_config(tiny_config, max_tokens=16)
+    cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"queue_per_server": 12})})
 
     async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
         engine = ManagedServerEngine(cfg)
@@ -167,6 +204,7 @@ def test_managed_server_converts_restarts_and_closes(
             facts["healthy"] = await engine.health()
             facts["fast_encoder"] = engine.describe()["fast_encoder"]
             facts["first"] = await asyncio.gather(*(engine.ocr(noise(i)) for i in range(4)))
+            facts["order"] = await receipt_behind_a_manual(engine, 16)
             first_server = engine.pgids[-1]
             facts["first_family"] = session_members([first_server])
             # the server dies (all of it, as when the OOM killer strikes) ...
@@ -197,6 +235,16 @@ def test_managed_server_converts_restarts_and_closes(
     assert all(p.tokens and p.prompt_tokens == text_tokens + 257 for p in pages)
     assert all(p.extra["engine"] == "vllm" and p.extra["api_servers"] == API_SERVERS
                for p in pages)
+    # priority scheduling: the receipt (rank 0) arrived behind 12 queued pages of the
+    # manual and was served at the next free place of the batch. Every page runs to
+    # max_tokens (finish "length"), so pages admitted later finish later: at least the 8
+    # pages still queued after that place was filled finish after the receipt. First
+    # come, first served: none would.
+    order = facts["order"]
+    assert order["waiting"] >= 12
+    assert order["reasons"] == {"length"} and order["receipt_tokens"] == 16
+    after = order["done"][order["done"].index("receipt") + 1:]
+    assert len(after) >= 8, order["done"]
     # two front ends (plus the engine core and the process that started them)
     assert len(facts["first_family"]) >= API_SERVERS + 2
     # the page waited (was not failed) and went through once the server was back
