@@ -271,7 +271,8 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
                 1 for e in d.events("vllm_server") if TAKEN_MARK in str(e.get("line", "")))
 
             def plain_client() -> None:
-                direct(d, args, direct_urls, int(result["pages_in_flight"] or 0), busy, result)
+                direct(d, args, direct_urls,
+                       args.direct_in_flight or int(result["pages_in_flight"] or 0), busy, result)
                 common.save(args.out, f"multi_{name}_direct", result)
                 for n in args.direct_also:  # the same pages again, with n in flight
                     again: dict[str, Any] = {}
@@ -368,6 +369,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="pages straight to each row's servers before ocrd's (0: none)")
     p.add_argument("--direct-after", action="store_true",
                    help="the plain client's pages after ocrd's (and the one-page files)")
+    p.add_argument("--direct-in-flight", type=int, default=0, metavar="N",
+                   help="the plain client's pages in flight (default: ocrd's)")
     p.add_argument("--direct-also", type=lambda t: [int(x) for x in t.split(",") if x],
                    default=[], metavar="N,...",
                    help="after the plain client's run, the same pages again with N in flight")
