@@ -26,6 +26,7 @@ class DocumentPages:
         self.conv, self.src, self.info, self.staging = conv, src, info, staging
         self.assets_link, self.blog, self.pdf = assets_link, blog, pdf
         self.results: list[dict] = [{} for _ in range(info.pages)]
+        self.unfinished = info.pages  # pages without their engine output yet
         self.ahead = asyncio.Semaphore(conv.cfg.render.lookahead)
         self.doc_key = object()  # identity of this document for the fair slots
         # An engine whose output has figures has them cropped from the page afterwards,
@@ -89,12 +90,14 @@ class DocumentPages:
 
             async def request() -> PageRequest:
                 return self._request(i, waiting.pop() if waiting else await self._render(i),
-                                     kept, rank)
+                                     kept, priority)
 
-            rank = await conv.slots.acquire(self.doc_key, self.src.order)
+            await conv.slots.acquire(self.doc_key, self.src.order)
+            priority = self.unfinished
             held = False
             self._moved_on()
             out = await self._in_engine(request, i)
+            self.unfinished -= 1
             self.results[i] = await conv._page_result(i, out,
                                                       kept[0].to_image if kept else None, size,
                                                       render_s, self.staging, self.assets_link)
@@ -108,14 +111,14 @@ class DocumentPages:
                 self._moved_on()
 
     def _request(self, i: int, page: pages.RenderedPage, kept: list[Any],
-                 rank: int = 0) -> PageRequest:
+                 priority: int = 0) -> PageRequest:
         src = self.src
         own_mode = self.conv.engine.page_mode != "RGB"
         req = PageRequest(image=None if own_mode else page.to_image(),
                           rendered=page if own_mode else None, page_no=i + 1,
                           doc_id=src.sha256 or src.name,
                           prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
-                          custom_prompt=src.custom_prompt, dpi=page.dpi, rank=rank)
+                          custom_prompt=src.custom_prompt, dpi=page.dpi, priority=priority)
         if self.keep_image:  # for figure crops: packed (3 bytes a pixel, not Pillow's 4),
             kept[:] = [page]  # and the engine may drop its image once it has encoded it
         return req

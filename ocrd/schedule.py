@@ -41,15 +41,14 @@ class FairSlots:
         self.n = max(1, n)
         self._wake()
 
-    async def acquire(self, doc: Any, order: tuple = ()) -> int:
-        """Wait for a slot; returns the document's pages in flight before this one (its
-        rank: the engine's own queue can order pages by it, as these slots do)."""
+    async def acquire(self, doc: Any, order: tuple = ()) -> None:
         if self.used < self.n and not self._waiters:
-            return self._grant(doc)
+            self._grant(doc)
+            return
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters.append((0, order, next(self._seq), fut, doc))
         try:
-            return await fut
+            await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release(doc)  # granted just as we were cancelled
@@ -57,11 +56,9 @@ class FairSlots:
                 self._waiters = [w for w in self._waiters if w[3] is not fut]
             raise
 
-    def _grant(self, doc: Any) -> int:
+    def _grant(self, doc: Any) -> None:
         self.used += 1
-        rank = self.inflight[doc]
         self.inflight[doc] += 1
-        return rank
 
     def release(self, doc: Any) -> None:
         self.used -= 1
@@ -77,7 +74,8 @@ class FairSlots:
             fut = best[3]
             if fut.done():
                 continue
-            fut.set_result(self._grant(best[4]))
+            self._grant(best[4])
+            fut.set_result(None)
 
     @property
     def waiting(self) -> int:

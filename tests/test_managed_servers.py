@@ -124,9 +124,9 @@ def test_servers_per_gpu_and_gpus_split_memory_front_ends_and_devices() -> None:
     assert {s.api_servers for s in free} == {1}
 
 
-def test_the_servers_queue_pages_by_their_rank() -> None:
-    """Managed servers order their queues by priority, and ocrd sends each page's rank
-    as its priority (a receipt's page before a manual's queued ones:
+def test_the_servers_queue_pages_by_their_priority() -> None:
+    """Managed servers order their queues by priority, and ocrd sends each page's
+    priority (its document's pages not yet done) (a receipt's page before a manual's queued ones:
     tests/vllm_engine/test_managed_server.py shows it with a real server); engine_args
     naming another policy turn both off."""
     cfg = engine_config(servers_per_gpu=2)

@@ -213,18 +213,18 @@ def test_request_is_vllms_chat_format() -> None:
     assert out.finished_at >= out.started_at > 0
 
 
-def test_a_page_carries_its_rank_as_vllms_priority_when_asked() -> None:
+def test_a_page_carries_its_priority_to_vllm_when_asked() -> None:
     async def run() -> list[dict]:
         server = await FakeVllm().start()
         engine = RemoteEngine(config(server.url), send_priority=True)
         await engine.start()
-        for rank in (7, 0):
-            await engine.ocr(replace(page(), rank=rank))
+        for priority in (7, 1):
+            await engine.ocr(replace(page(), priority=priority))
         await engine.close()
         await server.stop()
         return server.requests
 
-    assert [r["priority"] for r in asyncio.run(run())] == [7, 0]
+    assert [r["priority"] for r in asyncio.run(run())] == [7, 1]
 
 
 @pytest.mark.parametrize("mode,size", [

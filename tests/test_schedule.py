@@ -70,21 +70,6 @@ def test_a_freed_slot_goes_to_the_document_with_fewest_pages_in_flight() -> None
     assert asyncio.run(scenario()) == ["receipt", "manual"]
 
 
-def test_a_slot_tells_its_documents_pages_in_flight_before_it() -> None:
-    """The rank an engine's own queue orders pages by (vLLM's priority)."""
-    async def scenario() -> list[int]:
-        slots = FairSlots(3)
-        ranks = [await slots.acquire("manual"), await slots.acquire("manual"),
-                 await slots.acquire("receipt")]
-        waiting = asyncio.create_task(slots.acquire("manual"))
-        await settle()
-        slots.release("manual")  # the waiting page takes the freed slot: 1 before it
-        ranks.append(await waiting)
-        return ranks
-
-    assert asyncio.run(scenario()) == [0, 1, 0, 1]
-
-
 def test_equal_documents_are_served_in_their_order_key() -> None:
     async def scenario() -> list[str]:
         slots = FairSlots(1)
@@ -395,3 +380,48 @@ def test_rendered_pages_held_stay_within_the_lookahead_and_the_slots(tmp_path: P
     text = (written.folder / written.markdown).read_text()
     assert text.count("<!-- page ") == n_pages
     assert "text of page 1\n" in text and f"text of page {n_pages}\n" in text
+
+
+class RecordingEngine(Engine):
+    """Answers at once; remembers each page's priority, in the order pages came."""
+
+    kind = "fake"
+    output_format = "text"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, int]] = []
+
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        self.seen.append((page.doc_id, page.page_no, page.priority))
+        await asyncio.sleep(0)
+        return PageOutput(text=f"text of page {page.page_no}", tokens=3)
+
+
+def test_a_pages_priority_is_its_documents_pages_not_yet_done(tmp_path: Path) -> None:
+    """What the managed vLLM servers order their queues by (vLLM's priority, lower
+    first): a one-page receipt's page has 1, a manual's pages count down as it gets
+    done (tests/vllm_engine/test_managed_server.py: a real server serves the receipt
+    first)."""
+    cfg = parse_config({"state_dir": str(tmp_path), "metrics": {"listen": None},
+                        "render": {"lookahead": 3}}, tmp_path)
+
+    async def scenario() -> list[tuple[str, int, int]]:
+        engine, pool = RecordingEngine(), FakePool()
+        conv = Converter(cfg, engine, pool, FairSlots(1))  # type: ignore[arg-type]
+        out = safefs.Dir.open_root(tmp_path / "out", create=True)
+        jobs = []
+        for name, n in (("manual.pdf", 6), ("receipt.pdf", 1)):
+            doc = tmp_path / name
+            doc.write_bytes(b"%PDF-1.4 fake " + name.encode() + b"\n%%EOF\n")
+            info = pages.DocInfo("pdf", "PDF", n, "pypdfium2", n * 16)
+            src = Source(os.open(doc, os.O_RDONLY), name, info=info)
+            jobs.append(asyncio.create_task(conv.convert(src, out, outbox.Perms())))
+        await asyncio.gather(*jobs)
+        return engine.seen
+
+    seen = asyncio.run(scenario())
+    by_doc: dict[str, list[int]] = {}
+    for doc, _, priority in seen:
+        by_doc.setdefault(doc, []).append(priority)
+    # one engine slot: the manual's pages one after another, the receipt's between them
+    assert sorted(by_doc.values()) == [[1], [6, 5, 4, 3, 2, 1]]

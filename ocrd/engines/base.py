@@ -35,10 +35,11 @@ class PageRequest:
     # for an engine whose page_mode is not RGB: the page as rendered, packed in its own
     # mode (pages.RenderedPage: grey or 1-bit), not made into a Pillow image
     rendered: Any = None
-    # pages of the same document already in flight when this one got its slot: an
-    # engine with a queue of its own serves lower ranks first, as the daemon's slots do
-    # (a one-page receipt does not wait behind a manual's queued pages)
-    rank: int = 0
+    # pages of its document not yet done (itself included) when it got its engine slot:
+    # an engine with a queue of its own serves lower first (vLLM's priority), so a
+    # one-page receipt does not wait behind a manual's queued pages, and a document near
+    # its end goes before one just begun (ties: first come, first served)
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

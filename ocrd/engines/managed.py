@@ -65,7 +65,7 @@ QUEUE_PER_API_SERVER = 4
 
 
 def priority_scheduling(cfg: EngineConfig) -> bool:
-    """Whether the managed servers order their queues by the pages' ranks (vLLM's
+    """Whether the managed servers order their queues by the pages' priorities (vLLM's
     priority policy: ocrd's default, unless engine_args name another)."""
     return cfg.vllm.engine_args.get("scheduling_policy", "priority") == "priority"
 

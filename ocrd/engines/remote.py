@@ -131,9 +131,9 @@ class RemoteEngine(Engine):
     def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True,
                  send_priority: bool = False) -> None:
         """`use_proxy=False`: connect directly, whatever HTTP(S)_PROXY says (for a
-        server on this machine). `send_priority`: each request carries its page's rank
-        as vLLM's `priority` (servers started with `--scheduling-policy priority`, which
-        refuse a priority otherwise)."""
+        server on this machine). `send_priority`: each request carries its page's
+        PageRequest.priority as vLLM's `priority` (servers started with
+        `--scheduling-policy priority`, which refuse one otherwise)."""
         if not cfg.urls:
             raise ConfigError("engine.urls is empty: the remote engine needs a server URL")
         self.cfg = cfg
@@ -244,7 +244,7 @@ class RemoteEngine(Engine):
             "vllm_xargs": settings.extra_args(),
         }
         if self.send_priority:  # lower first; vLLM breaks ties by arrival
-            payload["priority"] = page.rank
+            payload["priority"] = page.priority
         rep = settings.repetition_params()
         if rep is not None:
             # vLLM >= 0.19 stops a looping request early; older servers ignore the field.

@@ -162,8 +162,8 @@ def server_args(cfg: EngineConfig, port: int, api_servers: int,
         "api_server_count": api_servers,
         # one log line per request would drown the daemon's log
         "disable_uvicorn_access_log": True,
-        # pages queued at the server are served by their rank (PageRequest.rank: a
-        # receipt's page before a manual's hundredth), as the daemon's own slots are
+        # pages queued at the server go by their PageRequest.priority (a receipt's page
+        # before a manual's queued ones), as the daemon's own slots do
         "scheduling_policy": "priority",
     })
     if gpu_memory_utilization is not None:

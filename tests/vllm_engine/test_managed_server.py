@@ -83,9 +83,9 @@ def server_gauge(engine: ManagedServerEngine, name: str) -> float:
 
 
 async def receipt_behind_a_manual(engine: ManagedServerEngine, n: int) -> dict[str, Any]:
-    """n pages of one document (ranks 0..n-1, as the daemon's slots number them) fill
-    the server's batch and queue; then a one-page document (rank 0) arrives. Returns
-    in which order they finished, and the queue the receipt found."""
+    """n pages of one document (priority n: none done yet, as the daemon numbers them)
+    fill the server's batch and queue; then a one-page document (priority 1) arrives.
+    Returns in which order they finished, and the queue the receipt found."""
     done: list[str] = []
 
     async def page(req: PageRequest, name: str) -> PageOutput:
@@ -93,7 +93,7 @@ async def receipt_behind_a_manual(engine: ManagedServerEngine, n: int) -> dict[s
         done.append(name)
         return out
 
-    manual = [asyncio.create_task(page(replace(noise(100 + i), doc_id="manual", rank=i),
+    manual = [asyncio.create_task(page(replace(noise(100 + i), doc_id="manual", priority=n),
                                        f"manual{i}")) for i in range(n)]
     waiting = 0.0
     for _ in range(600):  # until the server holds the manual's pages in its queue
@@ -101,7 +101,7 @@ async def receipt_behind_a_manual(engine: ManagedServerEngine, n: int) -> dict[s
         if waiting >= n - engine.cfg.vllm.max_num_seqs:
             break
         await asyncio.sleep(0.1)
-    receipt = await page(replace(noise(99), doc_id="receipt", rank=0), "receipt")
+    receipt = await page(replace(noise(99), doc_id="receipt", priority=1), "receipt")
     outs = await asyncio.gather(*manual)
     return {"done": done, "waiting": waiting, "tokens": [o.tokens for o in outs],
             "receipt_tokens": receipt.tokens, "reasons": {o.finish_reason for o in outs}}
@@ -235,7 +235,7 @@ def test_managed_server_converts_restarts_and_closes(
     assert all(p.tokens and p.prompt_tokens == text_tokens + 257 for p in pages)
     assert all(p.extra["engine"] == "vllm" and p.extra["api_servers"] == API_SERVERS
                for p in pages)
-    # priority scheduling: the receipt (rank 0) arrived behind 12 queued pages of the
+    # priority scheduling: the receipt (priority 1) arrived behind 12 queued pages of the
     # manual and was served at the next free place of the batch. Every page runs to
     # max_tokens (finish "length"), so pages admitted later finish later: at least the 8
     # pages still queued after that place was filled finish after the receipt. First
