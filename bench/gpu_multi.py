@@ -16,11 +16,14 @@ drop to the last Markdown file. Rows:
   ROW_float      any row with vLLM's float page views (engine.vllm.uint8_pixels: false)
                  instead of ocrd's uint8 views (the default; issue 22)
   ROW_sN         any row with max_num_seqs N per server (default --max-num-seqs, 256)
+  ROW_qN         any row with N pages queued per server beyond its batch
+                 (engine.vllm.queue_per_server; default 4 per front end)
 
 --direct-pages N: before ocrd's pages (after them with --direct-after), N other pages go
 straight to the row's servers with a plain HTTP client (the requests ocrd sends, ocrd's
-number of pages in flight split evenly), measured like ocrd's run: what the servers do
-without the daemon.
+number of pages in flight split evenly, or --direct-in-flight M), measured like ocrd's
+run: what the servers do without the daemon. --direct-also M,...: then the same pages
+again with M in flight, each (two depths on the same servers).
 
 Per row: engine start (s), GPU memory after start (MiB per GPU), every server warmed at
 full width with short answers (compiled kernels: no row pays them), pages/s, pages/s in
