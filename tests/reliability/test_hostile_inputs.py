@@ -4,11 +4,13 @@ written outside the configured folders."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import Daemon, claimed_files, make_pdf, sentence_lines, text_image, wait_for
@@ -57,6 +59,16 @@ def hostile_files(src: Path) -> dict[str, bytes | None]:
     return files
 
 
+def drop_image(img: Image.Image, path: Path, **params: Any) -> None:
+    """Encoded first, then written in one go: Pillow writes its file as the encoder's
+    output comes, and a 12000×12000 bomb deflates to a few KB that reach the file only at
+    the end — a 0-byte file for as long as the encoding takes, which on a busy machine
+    outlasted the test's incomplete_seconds and was (rightly) failed as empty."""
+    buf = io.BytesIO()
+    img.save(buf, format=Image.registered_extensions()[path.suffix.lower()], **params)
+    path.write_bytes(buf.getvalue())
+
+
 def make_images(inbox: Path) -> list[str]:
     names = []
     base = text_image(sentence_lines(52, 2), (600, 300))
@@ -70,13 +82,13 @@ def make_images(inbox: Path) -> list[str]:
         "tiny.png": Image.new("RGB", (1, 1), "white"),
     }
     for name, img in variants.items():
-        img.save(inbox / name)
+        drop_image(img, inbox / name)
         names.append(name)
     frames = [base.convert("P"), base.convert("L").convert("P")]
-    frames[0].save(inbox / "animated.gif", save_all=True, append_images=frames[1:],
-                   duration=100, loop=0)
-    frames[0].convert("RGB").save(inbox / "multi.tif", save_all=True,
-                                  append_images=[frames[1].convert("RGB")])
+    drop_image(frames[0], inbox / "animated.gif", save_all=True, append_images=frames[1:],
+               duration=100, loop=0)
+    drop_image(frames[0].convert("RGB"), inbox / "multi.tif", save_all=True,
+               append_images=[frames[1].convert("RGB")])
     names += ["animated.gif", "multi.tif"]
     return names
 
@@ -98,8 +110,7 @@ def test_hostile_and_careless_input(tmp_path: Path) -> None:
             (d.inbox / name).write_bytes(data or b"")
         names = list(files) + make_images(d.inbox)
         # decompression bomb: a small PNG that claims to be huge
-        bomb = Image.new("1", (12000, 12000), 1)
-        bomb.save(d.inbox / "bomb.png", optimize=True)
+        drop_image(Image.new("1", (12000, 12000), 1), d.inbox / "bomb.png", optimize=True)
         names.append("bomb.png")
         (d.inbox / "link-out.pdf").symlink_to(secret)
         (d.inbox / "link-dir.pdf").symlink_to(outside_dir)
