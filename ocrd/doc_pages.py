@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import budget, errors, pages
+from . import budget, errors, pagepixels, pages
 from .engines.base import PageOutput, PageRequest
 from .previews import render_with_preview
 
@@ -121,6 +121,10 @@ class DocumentPages:
                           custom_prompt=src.custom_prompt, dpi=page.dpi, priority=priority)
         if self.keep_image:  # for figure crops: packed (3 bytes a pixel, not Pillow's 4),
             kept[:] = [page]  # and the engine may drop its image once it has encoded it
+            # ... or, once the engine has it as a PNG data URL, that (a sixth of the size)
+            if pagepixels.EncodedPage.decodable(page.width, page.height):
+                req = replace(req, on_encoded=lambda url: kept.__setitem__(
+                    slice(None), [pagepixels.EncodedPage(url)]))
         return req
 
     async def _in_engine(self, request: Any, i: int) -> PageOutput:

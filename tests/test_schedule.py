@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import random
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from ocrd import outbox, pages, safefs
 from ocrd.config import parse_config
@@ -425,3 +427,67 @@ def test_a_pages_priority_is_its_documents_pages_not_yet_done(tmp_path: Path) ->
         by_doc.setdefault(doc, []).append(priority)
     # one engine slot: the manual's pages one after another, the receipt's between them
     assert sorted(by_doc.values()) == [[1], [6, 5, 4, 3, 2, 1]]
+
+
+class NoisePool(FakePool):
+    """Renders 400×600 RGB pages of noise; remembers them by weak reference."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rendered: list[weakref.ref] = []
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **_: Any) -> Any:
+        assert fn is pages.render_page
+        await asyncio.sleep(0)
+        index = args[2]
+        page = pages.RenderedPage(index, 400, 600, random.Random(index).randbytes(400 * 600 * 3),
+                                  144.0)
+        self.rendered.append(weakref.ref(page))
+        return page
+
+
+def test_a_remote_engines_page_waits_for_its_figures_as_the_url_sent(tmp_path: Path) -> None:
+    """While the server has the page, the pipeline holds the PNG data URL the remote
+    engine sent (~1 MB for an A4 page at 144 dpi), not the packed pixels (6 MB), and
+    crops the page's figure from it, pixel for pixel."""
+    from test_remote_engine import FakeVllm
+
+    from ocrd.engines.remote import RemoteEngine
+
+    cfg = parse_config({"state_dir": str(tmp_path), "metrics": {"listen": None}}, tmp_path)
+    doc = tmp_path / "report.pdf"
+    doc.write_bytes(b"%PDF-1.4 fake\n%%EOF\n")
+    info = pages.DocInfo("pdf", "PDF", 2, "pypdfium2", 2 * 400 * 600)
+    pool = NoisePool()
+    packed_alive: list[bool] = []
+
+    class Server(FakeVllm):
+        async def _answer(self, method: str, path: str, body: bytes, reader: Any) -> Any:
+            if path == "/v1/chat/completions":
+                gc.collect()  # one engine slot: the pages come in order
+                packed_alive.append(pool.rendered[len(packed_alive)]() is not None)
+            return await super()._answer(method, path, body, reader)
+
+    async def scenario() -> Any:
+        server = await Server(text="<|ref|>image<|/ref|><|det|>[[100, 200, 600, 700]]"
+                                   "<|/det|>").start()
+        engine = RemoteEngine(parse_config({"state_dir": str(tmp_path), "engine": {
+            "kind": "remote", "urls": [server.url]}}, tmp_path).engine)
+        await engine.start()
+        try:
+            conv = Converter(cfg, engine, pool, FairSlots(1))  # type: ignore[arg-type]
+            src = Source(os.open(doc, os.O_RDONLY), "report.pdf", info=info)
+            out = safefs.Dir.open_root(tmp_path / "out", create=True)
+            return await conv.convert(src, out, outbox.Perms())
+        finally:
+            await engine.close()
+            await server.stop()
+
+    written = asyncio.run(scenario())
+    assert packed_alive == [False, False]
+    expected = pages.RenderedPage(0, 400, 600, random.Random(0).randbytes(400 * 600 * 3),
+                                  144.0).to_image().crop((40, 120, 240, 420))
+    figures = sorted((written.folder / "report.assets").iterdir())
+    assert [f.name for f in figures] == ["p0001-1.png", "p0002-1.png"]
+    with Image.open(figures[0]) as figure:
+        assert figure.convert("RGB").tobytes() == expected.tobytes()

@@ -220,8 +220,11 @@ class RemoteEngine(Engine):
         # PNG encoding takes tens of milliseconds per page: off the event loop.
         url = await asyncio.to_thread(image_data_url, page.image)
         # the page's pixels are in the URL now: not kept while the server reads it (up to
-        # hundreds of pages in flight; the pipeline keeps its own packed copy for figures)
-        page = replace(page, image=None)
+        # hundreds of pages in flight), and the pipeline keeps the URL for the page's
+        # figures instead of its own packed copy
+        if page.on_encoded is not None:
+            page.on_encoded(url)
+        page = replace(page, image=None, on_encoded=None)
         return await convert_with_retries(lambda s: self._attempt(page, url, s), self.cfg)
 
     def _headers(self) -> dict[str, str]:
