@@ -65,9 +65,9 @@ class VllmConfig(_Strict):
     # > 1 starts the managed mode even with api_servers 1.
     servers_per_gpu: int = Field(default=1, ge=1, le=16)
     # Managed mode: pages sent to each server beyond its batch (max_num_seqs), to wait
-    # in its queue already prepared by its front ends, so that pages finishing together
-    # are replaced at the engine's next step instead of after their successors' image
-    # processing. null: 4 per front end.
+    # in its queue already prepared by its front ends. null: 4 per front end. A whole
+    # batch more was 4 % slower on an H200 (bench/GPU_RESULTS.md round 9): the front ends
+    # and engine cores take them in on the CPU the engine cores' steps need.
     queue_per_server: int | None = Field(default=None, ge=0)
     # Managed mode on these CUDA devices (ids as nvidia-smi numbers them): one group of
     # servers per tensor_parallel_size × data_parallel_size devices, each server started
