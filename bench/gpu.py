@@ -106,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--paced-in-flight", type=int, default=288,
                    help="offline, --paced: pages in the engine at once (the managed "
                    "daemon's 256 + 4 per front end)")
+    p.add_argument("--kernels", default="",
+                   help="offline: windows AT:SECONDS,... (seconds into each GPU-only run) "
+                   "in which PyTorch's profiler records the worker's CUDA kernels: busy "
+                   "share, time per step, per kernel class (bench/gpu_kernels.py)")
     p.add_argument("--repeat", type=int, default=1,
                    help="offline: run the chosen GPU-only ceilings this many times in "
                    "alternating order, after a short warm-up pass")

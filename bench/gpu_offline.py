@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from bench import gpu_kernels
 from bench.gpu_common import (
     A4,
     GRID,
@@ -72,6 +73,15 @@ def phase_offline(args: argparse.Namespace) -> None:
         print("shutdown:", repr(e))
     sys.stdout.flush()
     os._exit(0)  # skip vLLM's slow teardown
+
+
+def kernel_windows(spec: str) -> list[tuple[float, float]]:
+    """--kernels "AT:SECONDS,...": the windows of kernel profiling in a GPU-only run."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        at, _, dur = item.partition(":")
+        out.append((float(at), float(dur or 1.0)))
+    return sorted(out)
 
 
 class Offline:
@@ -263,9 +273,23 @@ class Offline:
         eng, base = self.eng, self.prepared["a4"]
         outs: list[Any] = []
         done: list[tuple[float, int]] = []
+        windows = kernel_windows(self.args.kernels) if name.startswith("gpu_only") else []
+        profiling: tuple[float, float] | None = None
         t0 = time.perf_counter()
         added = 0
         while added < n or eng.has_unfinished_requests():
+            now = time.perf_counter() - t0
+            if profiling is None and windows and now >= windows[0][0]:
+                profiling = windows.pop(0)
+                self.llm.apply_model(gpu_kernels.start)
+            elif profiling is not None and now >= profiling[0] + profiling[1]:
+                k = self.llm.apply_model(gpu_kernels.stop)[0]
+                k.update(at_s=profiling[0], pages_done=len(outs), pages_added=added)
+                self.result.setdefault("kernels", {}).setdefault(name, []).append(k)
+                print("KERNELS", name, json.dumps({x: k.get(x) for x in (
+                    "at_s", "pages_done", "span_ms", "busy_pct", "steps", "per_step_ms",
+                    "classes_ms")}), flush=True)
+                profiling = None
             due = n if not rate else min(n, int((time.perf_counter() - t0) * rate) + 1)
             while added < min(due, len(outs) + in_flight):
                 item = dict(base[added % len(base)])
@@ -279,4 +303,6 @@ class Offline:
             finished = [o for o in eng.step() if o.finished]
             outs += finished
             done += [(time.monotonic(), 1) for _ in finished]
+        if profiling is not None:  # the run ended inside a window
+            self.llm.apply_model(gpu_kernels.stop)
         return outs, done

@@ -3,6 +3,7 @@
 #     bash bench/gpu_run.sh                  # managed, inproc, offline, then the report
 #     bash bench/gpu_run.sh offline          # some phases only (EXTRA="--restart" etc.)
 #     bash bench/gpu_run.sh multi [ARGS]     # bench/gpu_multi.py ARGS: 1 vs 2 servers/GPU
+#     bash bench/gpu_run.sh moe [ARGS]       # bench/moe_tune.py ARGS: fused-MoE tiles
 # The machine needs Python 3.12 + torch 2.11 (CUDA 13) and the carried bundle
 # .gpu-bundle/ (bench/gpu_bundle.sh builds it where pip works): vLLM 0.24.0 and the
 # wheels that machine lacks. Results: $OUT (default /tmp/gpu-out): results_*.json,
@@ -40,6 +41,15 @@ echo "cores $(nproc); $(python3 -c 'import sys, torch; print(sys.version.split()
   | tee -a "$OUTD/gpu.txt"
 python3 bench/gpu.py model --work "$W/bench" || exit 1
 python3 bench/gpu_check.py "$W/bench/model" 2>&1 | grep "SERVE CHECK" || exit 1
+if [ "${1:-}" = moe ]; then  # bench/moe_tune.py: the fused-MoE kernel's tiles for this GPU
+  shift
+  t0=$(date +%s)
+  timeout --kill-after=30 "${MOE_LIMIT:-300}" python3 bench/moe_tune.py --out "$OUTD/moe" "$@" \
+    > "$OUTD/log_moe.txt" 2>&1
+  echo "MOE rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "^MOE|Traceback|Error" "$OUTD/log_moe.txt" | cut -c1-400 | tail -n 40
+  exit 0
+fi
 if [ "${1:-}" = multi ]; then  # bench/gpu_multi.py: 1 vs 2 servers per GPU (and GPUs)
   shift
   t0=$(date +%s)
