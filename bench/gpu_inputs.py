@@ -40,7 +40,25 @@ def build_model(out: Path) -> Path:
     tok.model_max_length = 8192
     assert len(tok) == VOCAB, len(tok)
     tok.save_pretrained(str(out))
-    text = {
+    text = full_size_text_config()
+    config = {
+        "architectures": ["DeepseekOCR2ForCausalLM"], "model_type": "deepseek_vl_v2",
+        "candidate_resolutions": [[1024, 1024]], "global_view_pos": "head",
+        "tile_tag": "2D", "language_config": text,
+        "projector_config": {"model_type": "mlp_projector", "projector_type": "linear",
+                             "input_dim": 896, "n_embed": 1280},
+        "vision_config": {"image_size": 1024, "model_type": "vision", "width": 896},
+        "vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def full_size_text_config() -> dict[str, Any]:
+    """DeepSeek-OCR-2's language model as its config.json has it (12 layers, 64 routed
+    experts 896 wide, 6 per token): the decoder the GPU benchmark runs with dummy weights,
+    and the shape ocrd's tuned fused-MoE tiles are for (ocrd/vllm_model/moe_configs/)."""
+    return {
         "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
         "vocab_size": VOCAB, "hidden_size": 1280, "intermediate_size": 6848,
         "moe_intermediate_size": 896, "num_hidden_layers": 12, "num_attention_heads": 10,
@@ -53,17 +71,6 @@ def build_model(out: Path) -> Path:
         "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1,
         "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-    config = {
-        "architectures": ["DeepseekOCR2ForCausalLM"], "model_type": "deepseek_vl_v2",
-        "candidate_resolutions": [[1024, 1024]], "global_view_pos": "head",
-        "tile_tag": "2D", "language_config": text,
-        "projector_config": {"model_type": "mlp_projector", "projector_type": "linear",
-                             "input_dim": 896, "n_embed": 1280},
-        "vision_config": {"image_size": 1024, "model_type": "vision", "width": 896},
-        "vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": 2,
-        "torch_dtype": "bfloat16"}
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    return out
 
 
 def page_image(seed: int, size: tuple[int, int] = A4) -> Any:

@@ -10,14 +10,15 @@ M that the engine meets (decode steps up to max_num_seqs, prefill chunks up to
 max_num_batched_tokens), first with vLLM's default configuration, then with every
 candidate of a grid (plus the tuned configurations vLLM ships for 64-expert models on
 H100/H200, as starting points), and writes the fastest per M as
-`E=64,N=896,device_name=<GPU>.json` in vLLM's format — the file ocrd ships in
-ocrd/vllm_model/moe_configs/ and points `VLLM_TUNED_CONFIG_FOLDER` at.
+`E=64,N=896,device_name=<GPU>.json` in vLLM's format (a folder of such files is what
+vLLM reads first when `VLLM_TUNED_CONFIG_FOLDER` names it). ocrd ships none yet: round
+10 (bench/GPU_RESULTS.md) found vLLM's default best at a full decode step (M=384).
 
 The kernels of the whole grid are compiled first, in parallel worker processes (Triton's
 on-disk cache then serves the timing process), then timed one configuration at a time on
-the one GPU: CUDA events, median of repeated calls over several weight sets (the weights
-of one layer, 440 MB, do not fit the L2 cache anyway). Output: one line per M with the
-default's and the best time, and results.json with every timing.
+the one GPU: CUDA graphs of 8 calls over three weight sets (one layer's weights, 440 MB,
+do not fit the L2 cache), replayed and timed with CUDA events, the median. Output: one
+line per M with the default's and the best time, and results.json with every timing.
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ import json
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-E, N, HIDDEN, TOPK = 64, 896, 1280, 6  # DeepSeek-OCR-2's decoder (bench/gpu_inputs.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.gpu_inputs import full_size_text_config  # noqa: E402
+
+_TEXT = full_size_text_config()  # DeepSeek-OCR-2's decoder
+E, N, HIDDEN, TOPK = (_TEXT["n_routed_experts"], _TEXT["moe_intermediate_size"],
+                      _TEXT["hidden_size"], _TEXT["num_experts_per_tok"])
 # most important first (a step of a full batch of decodes; then smaller steps, prefill
 # chunks): what the time budget leaves out keeps vLLM's default
 BATCHES = (384, 256, 192, 128, 320, 512, 64, 96, 32, 16, 8, 4, 2, 1, 768, 1024, 2048,
@@ -76,6 +83,7 @@ def shipped() -> list[dict[str, int]]:
     return out
 
 
+CALLS = 8  # fused_experts calls per timed graph replay
 KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
         "num_stages")
 
@@ -103,23 +111,39 @@ class Layer:
         return x, w / w.sum(-1, keepdim=True), ids.to(torch.int32)
 
     def time_ms(self, m: int, cfg: dict[str, int] | None, reps: int) -> float:
-        """Median of `reps` timed calls, rotating among the weight sets."""
+        """Median over `reps` timed replays of a CUDA graph of CALLS calls (rotating among
+        the weight sets), per call: kernel time as the engine's decode steps see it,
+        without the Python and launch overhead of each call (which, timed call by call,
+        put a floor of ~0.23 ms under every batch size on the H200 in round 10)."""
         import torch
         from vllm.model_executor.layers.fused_moe import fused_experts, override_config
 
         x, w, ids = self.inputs(m)
+
+        def calls() -> None:
+            for i in range(CALLS):
+                fused_experts(x, self.w1[i % len(self.w1)], self.w2[i % len(self.w2)], w, ids)
+
         with override_config(cfg):
-            for i in range(3):  # warm-up (and the compile, on a cold cache)
-                fused_experts(x, self.w1[i % len(self.w1)], self.w2[i % len(self.w2)], w, ids)
-            torch.cuda.synchronize()
-            times = []
-            for i in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fused_experts(x, self.w1[i % len(self.w1)], self.w2[i % len(self.w2)], w, ids)
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                calls()  # warm-up (and the compile, on a cold cache)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                calls()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / CALLS)
+        del graph
         return statistics.median(times)
 
 

@@ -100,6 +100,7 @@ async def main() -> None:
         Path(record, f"{os.getpid()}.json").write_text(json.dumps({
             "argv": sys.argv[1:], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "children": [c.pid for c in children], "pgid": os.getpgid(0),
+            "env": {k: v for k, v in os.environ.items() if k.startswith("OCRD_VLLM_")},
             "started": time.monotonic()}))
     await asyncio.sleep(float(os.environ.get("FAKE_VLLM_START_SECONDS", "0.5")))
     exit_on = os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE")

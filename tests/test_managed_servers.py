@@ -31,7 +31,7 @@ from ocrd.engines.managed import ManagedServerEngine, plan_servers, server_args
 from ocrd.engines.supervised import group_alive
 from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.pipeline import EngineGate
-from ocrd.vllm_model import start_gate
+from ocrd.vllm_model import plugin, start_gate
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fake_vllm_serve.py")]
 MODEL = "deepseek-ai/DeepSeek-OCR-2"
@@ -249,6 +249,25 @@ def test_a_killed_server_is_restarted_while_the_other_converts(
     assert not any(group_alive(pgid) for pgid in engine.pgids)
     children = [pid for rec in recorded(tmp_path / "servers") for pid in rec["children"]]
     assert len(children) == 3 * 3 and alive(children) == []
+
+
+def test_every_server_gets_ocrds_vllm_environment(fake_env: dict[str, str], model: str,
+                                                  tmp_path: Path) -> None:
+    """Each server's environment says how ocrd's plugin builds the model: the fast
+    encoder (batched on a GPU) with uint8 page views by default, vLLM's own code when
+    fast_encoder is off."""
+    async def run(cfg: EngineConfig) -> list[dict[str, str]]:
+        for f in (tmp_path / "servers").glob("*.json"):
+            f.unlink()
+        engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE)
+        await engine.start()
+        await engine.close()
+        return [rec["env"] for rec in recorded(tmp_path / "servers")]
+
+    ours = asyncio.run(asyncio.wait_for(run(engine_config(model, servers_per_gpu=2)), 60))
+    assert ours == [{plugin.ENV: "auto", plugin.PIXELS_ENV: "uint8"}] * 2
+    off = asyncio.run(asyncio.wait_for(run(engine_config(model, fast_encoder=False)), 60))
+    assert off == [{plugin.ENV: "0", plugin.PIXELS_ENV: "float"}]
 
 
 def test_start_is_ready_only_when_every_server_is(fake_env: dict[str, str], model: str,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -78,6 +79,17 @@ def test_the_wheel_is_ocr_inbox_daemon_and_its_command_tells_its_version(
     r = run(env / "bin" / "ocrd", "check-config", "-c", str(tmp_path / "none.yaml"),
             cwd=tmp_path)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_the_wheel_carries_the_consoles_files(wheel: Path) -> None:
+    """Package data a plain `pip install .` must not drop: every template and static
+    file of the console (ocrd/web/)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    files = [f.relative_to(ROOT).as_posix() for f in ROOT.joinpath("ocrd").rglob("*")
+             if f.suffix in (".html", ".js", ".css")]
+    assert len(files) >= 5
+    assert sorted(set(files) - names) == []
 
 
 def test_ocrd_refuses_to_start_beside_ocr_d(wheel: Path, tmp_path: Path) -> None:

@@ -52,15 +52,20 @@ def test_the_kernel_in_tritons_interpreter() -> None:
     assert not re.search(r"\d+ (skipped|failed|error)", proc.stdout), tail
 
 
-def test_the_layer_around_the_kernel_is_vllms_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "copies"])
+def test_the_layer_around_the_kernel_is_vllms_layer(monkeypatch: pytest.MonkeyPatch,
+                                                    lean: bool) -> None:
     """fused_forward's reshapes, strides and factors, with the kernel's math done by the
-    bias-tensor reference: vLLM's SAM output, in window and global layers."""
+    bias-tensor reference: vLLM's SAM output, in window and global layers; lean (q, k,
+    v, the factors and the output as strided views, no copies) and vLLM's reshapes."""
     calls = []
 
     def reference(q: Any, k: Any, v: Any, rel_h: Any, rel_w: Any, width: int, scale: float,
-                  blocks: Any = None) -> Any:
-        calls.append((tuple(q.shape), tuple(rel_h.shape), tuple(rel_w.shape), width))
-        return ra.reference(q, k, v, rel_h, rel_w, width, scale)
+                  blocks: Any = None, kernel: Any = None, out: Any = None) -> Any:
+        calls.append((tuple(q.shape), tuple(rel_h.shape), tuple(rel_w.shape), width,
+                      out is not None, q.is_contiguous()))
+        got = ra.reference(q, k, v, rel_h, rel_w, width, scale)
+        return got if out is None else out.copy_(got)
 
     monkeypatch.setattr(ra, "relpos_attention", reference)
     sam = small_sam()
@@ -68,12 +73,18 @@ def test_the_layer_around_the_kernel_is_vllms_layer(monkeypatch: pytest.MonkeyPa
     with torch.inference_mode():
         want = sam(x)
         assert ra.patch_sam(sam) == 3
+        assert ra.set_fused(sam, True, lean=lean) == 3
         got = sam(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # 2 views: window layers see 2×9 windows of 3×3 tokens, the global one 8×8 tokens
-    assert calls == [((18, 2, 9, 32), (18, 2, 9, 3), (18, 2, 9, 3), 3),
-                     ((2, 2, 64, 32), (2, 2, 64, 8), (2, 2, 64, 8), 8),
-                     ((18, 2, 9, 32), (18, 2, 9, 3), (18, 2, 9, 3), 3)]
+    if lean:  # the factors by query row and column, the output written in place
+        assert calls == [((18, 2, 9, 32), (18, 2, 3, 3, 3), (18, 2, 3, 3, 3), 3, True, False),
+                         ((2, 2, 64, 32), (2, 2, 8, 8, 8), (2, 2, 8, 8, 8), 8, True, False),
+                         ((18, 2, 9, 32), (18, 2, 3, 3, 3), (18, 2, 3, 3, 3), 3, True, False)]
+    else:
+        assert calls == [((18, 2, 9, 32), (18, 2, 9, 3), (18, 2, 9, 3), 3, False, True),
+                         ((2, 2, 64, 32), (2, 2, 64, 8), (2, 2, 64, 8), 8, False, True),
+                         ((18, 2, 9, 32), (18, 2, 9, 3), (18, 2, 9, 3), 3, False, True)]
 
 
 def test_when_the_model_fuses_sams_attention(monkeypatch: pytest.MonkeyPatch) -> None:
