@@ -255,7 +255,7 @@ def test_every_server_gets_ocrds_vllm_environment(fake_env: dict[str, str], mode
                                                   tmp_path: Path) -> None:
     """Each server's environment says how ocrd's plugin builds the model: the fast
     encoder (batched on a GPU) with uint8 page views by default, vLLM's own code when
-    fast_encoder is off."""
+    fast_encoder is off; servers sharing a GPU get its start gate, a lone one none."""
     async def run(cfg: EngineConfig) -> list[dict[str, str]]:
         for f in (tmp_path / "servers").glob("*.json"):
             f.unlink()
@@ -265,6 +265,9 @@ def test_every_server_gets_ocrds_vllm_environment(fake_env: dict[str, str], mode
         return [rec["env"] for rec in recorded(tmp_path / "servers")]
 
     ours = asyncio.run(asyncio.wait_for(run(engine_config(model, servers_per_gpu=2)), 60))
+    # the two share a GPU: one start gate for both
+    locks = [env.pop(plugin.START_LOCK_ENV) for env in ours]
+    assert locks[0] == locks[1] and Path(locks[0]).name == "gpus-all.lock"
     assert ours == [{plugin.ENV: "auto", plugin.PIXELS_ENV: "uint8"}] * 2
     off = asyncio.run(asyncio.wait_for(run(engine_config(model, fast_encoder=False)), 60))
     assert off == [{plugin.ENV: "0", plugin.PIXELS_ENV: "float"}]
