@@ -15,10 +15,11 @@ in registers — gathered per key block ("gather", round 4) or, the default sinc
 10, as two dots per key block of the query block's factors (loaded once) with one-hot
 matrices built in registers ("onehot": the bias on the tensor cores, 7.53 → 4.12 ms per
 A4 page on the H200). `lean_forward` feeds it strided views and takes its output in the
-layout the next projection reads, without vLLM's copies around the attention. Its work per view does not depend on the other views of the
-call (one program per query block and view·head), so a page's result does not depend
-on what else is in the engine step. Newer vLLM (≥ 0.30) ships a kernel of the same kind
-for the four global layers only; ocrd's also covers the window layers.
+layout the next projection reads, without vLLM's copies around the attention. Its work
+per view does not depend on the other views of the call (one program per query block
+and view·head), so a page's result does not depend on what else is in the engine step.
+Newer vLLM (≥ 0.30) ships a kernel of the same kind for the four global layers only;
+ocrd's also covers the window layers.
 
 Triton is the only dependency; without it (a CPU build of vLLM) nothing here is used.
 `reference` is the bias-tensor computation, for the tests (which run the kernel in
