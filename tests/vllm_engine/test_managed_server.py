@@ -28,7 +28,7 @@ import pytest
 from PIL import Image
 
 from ocrd.config import EngineConfig
-from ocrd.engines import create_engine
+from ocrd.engines import create_engine, supervised
 from ocrd.engines.base import PageOutput, PageRequest
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, PROMPTS
 from ocrd.engines.managed import (
@@ -71,40 +71,6 @@ def session_members(sessions: list[int]) -> list[str]:
         if stat[0] != "Z" and int(stat[3]) in sessions:
             found.append(entry.name)
     return found
-
-
-def server_gauge(engine: ManagedServerEngine, name: str) -> float:
-    """A gauge of the (first) managed server's /metrics, summed over its labels."""
-    base = engine.servers[0].spec.url.removesuffix("/v1")
-    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
-async def receipt_behind_a_manual(engine: ManagedServerEngine, n: int) -> dict[str, Any]:
-    """n pages of one document (priority n: none done yet, as the daemon numbers them)
-    fill the server's batch and queue; then a one-page document (priority 1) arrives.
-    Returns in which order they finished, and the queue the receipt found."""
-    done: list[str] = []
-
-    async def page(req: PageRequest, name: str) -> PageOutput:
-        out = await engine.ocr(req)
-        done.append(name)
-        return out
-
-    manual = [asyncio.create_task(page(replace(noise(100 + i), doc_id="manual", priority=n),
-                                       f"manual{i}")) for i in range(n)]
-    waiting = 0.0
-    for _ in range(100):  # until the server holds the manual's pages in its queue, or 10 s
-        waiting = await asyncio.to_thread(server_gauge, engine, "vllm:num_requests_waiting")
-        if waiting >= n - engine.cfg.vllm.max_num_seqs:
-            break
-        await asyncio.sleep(0.1)
-    receipt = await page(replace(noise(99), doc_id="receipt", priority=1), "receipt")
-    outs = await asyncio.gather(*manual)
-    return {"done": done, "waiting": waiting, "tokens": [o.tokens for o in outs],
-            "receipt_tokens": receipt.tokens, "reasons": {o.finish_reason for o in outs}}
 
 
 async def convert_waiting(engine: ManagedServerEngine,
@@ -190,9 +156,7 @@ def test_create_engine_picks_the_managed_server_for_several_front_ends() -> None
 def test_managed_server_converts_restarts_and_closes(
         tiny_config: Callable[..., EngineConfig], vllm_env: dict[str, str],
         model_dir: Path) -> None:
-    # the server's queue holds a whole manual beyond its batch (engine.vllm.queue_per_server)
     cfg = managed_config(tiny_config, max_tokens=16)
-    cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"queue_per_server": 12})})
 
     async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
         engine = ManagedServerEngine(cfg)
@@ -204,7 +168,6 @@ def test_managed_server_converts_restarts_and_closes(
             facts["healthy"] = await engine.health()
             facts["fast_encoder"] = engine.describe()["fast_encoder"]
             facts["first"] = await asyncio.gather(*(engine.ocr(noise(i)) for i in range(4)))
-            facts["order"] = await receipt_behind_a_manual(engine, 16)
             first_server = engine.pgids[-1]
             facts["first_family"] = session_members([first_server])
             # the server dies (all of it, as when the OOM killer strikes) ...
@@ -235,19 +198,6 @@ def test_managed_server_converts_restarts_and_closes(
     assert all(p.tokens and p.prompt_tokens == text_tokens + 257 for p in pages)
     assert all(p.extra["engine"] == "vllm" and p.extra["api_servers"] == API_SERVERS
                for p in pages)
-    # priority scheduling: the server (--scheduling-policy priority) takes pages that
-    # carry a priority, a manual's 16 and a receipt's 1, and converts every one. Which
-    # finishes first is not asserted: that needs the manual's pages queued at the engine
-    # before the receipt arrives, and whether they are depends on how fast the front ends
-    # prepare pages against how fast the engine finishes them (CI, session 11: the queue
-    # never built up; session 10's runs: 8 or more of 16 after the receipt). The
-    # payload and the flag are tested in test_remote_engine.py and
-    # test_managed_servers.py.
-    order = facts["order"]
-    assert order["reasons"] == {"length"} and order["receipt_tokens"] == 16
-    assert sorted(order["done"]) == sorted(["receipt"] + [f"manual{i}" for i in range(16)])
-    print(f"receipt behind a manual: {order['waiting']:.0f} manual pages waiting at the "
-          f"server when the receipt was sent; finished in the order {order['done']}")
     # two front ends (plus the engine core and the process that started them)
     assert len(facts["first_family"]) >= API_SERVERS + 2
     # the page waited (was not failed) and went through once the server was back
@@ -257,6 +207,120 @@ def test_managed_server_converts_restarts_and_closes(
     # close(): nothing left of either server
     assert session_members(engine.pgids) == []
     assert not any(group_alive(pgid) for pgid in engine.pgids)
+
+
+class ServerLines:
+    """Stands in for the supervisor's logger (ocrd/engines/supervised.py): keeps every
+    line the servers printed, as ocrd relays them (event vllm_server)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        if event == "vllm_server":
+            self.lines.append(fields["line"])
+
+    def warning(self, event: str, **fields: Any) -> None:
+        pass
+
+    error = warning
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in self.lines)
+
+
+def post(url: str) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+async def until(condition: Callable[[], bool], what: str, lines: ServerLines,
+                seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what}:\n" + "\n".join(lines.lines[-20:])
+        await asyncio.sleep(0.05)
+
+
+ADDED = "Added request"  # vLLM's front end, with --enable-log-requests
+
+
+async def receipt_behind_a_manual(engine: ManagedServerEngine, lines: ServerLines,
+                                  n: int) -> list[str]:
+    """n pages of one document (priority n: none done yet, as the daemon numbers them)
+    reach the server's queue while it schedules nothing (dev mode's POST /pause?mode=keep);
+    then a one-page document (priority 1). The server resumes once it holds all of
+    them. Returns the order in which they finished.
+
+    Deterministic: the server has one front end, which logs ADDED after it handed a
+    request to the engine core, and /resume reaches the engine core through that front
+    end's connection behind them (vLLM's engine core takes a front end's messages in
+    order): so every page is in the engine core's queue before it schedules any."""
+    base = engine.url.removesuffix("/v1")
+    assert (await asyncio.to_thread(post, f"{base}/pause?mode=keep&clear_cache=false")
+            == {"status": "paused"})
+    done: list[str] = []
+
+    async def page(req: PageRequest, name: str) -> PageOutput:
+        out = await engine.ocr(req)
+        done.append(name)
+        return out
+
+    tasks = [asyncio.create_task(page(replace(noise(100 + i), doc_id="manual", priority=n),
+                                      f"manual{i}")) for i in range(n)]
+    await until(lambda: lines.count(ADDED) == n, f"{n} pages at the server", lines)
+    with urllib.request.urlopen(f"{base}/is_paused", timeout=30) as resp:
+        assert json.loads(resp.read()) == {"is_paused": True}
+    tasks.append(asyncio.create_task(page(replace(noise(99), doc_id="receipt", priority=1),
+                                          "receipt")))
+    await until(lambda: lines.count(ADDED) == n + 1, "receipt at the server", lines)
+    assert (await asyncio.to_thread(post, f"{base}/resume")) == {"status": "resumed"}
+    outs = await asyncio.gather(*tasks)
+    assert {o.finish_reason for o in outs} == {"length"}
+    assert {o.tokens for o in outs} == {engine.cfg.max_tokens}
+    return done
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_a_receipt_is_not_queued_behind_a_manual(
+        tiny_config: Callable[..., EngineConfig], vllm_env: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+    """ocrd's default: managed servers run --scheduling-policy priority and each page
+    carries its document's pages not yet done. 16 pages of a manual queue at a real
+    `vllm serve` (batch of 4), a one-page receipt arrives behind them: it goes into the
+    first batch and the manual's other 12 pages finish after it. With engine_args
+    scheduling_policy: fcfs (ocrd then sends no priority) the receipt waits for all 16:
+    the same check fails, which shows that the order is the priority's doing."""
+    n = 16
+    args = {"enable_log_requests": True}
+    if policy == "fcfs":
+        args["scheduling_policy"] = "fcfs"
+    cfg = tiny_config(engine_args=args, max_tokens=16, loop_retries=0)
+    # the server takes the whole manual and the receipt (not held back in ocrd)
+    cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(
+        update={"api_servers": 1, "queue_per_server": n + 1 - cfg.vllm.max_num_seqs})})
+    lines = ServerLines()
+    monkeypatch.setattr(supervised, "log", lines)
+
+    async def run() -> list[str]:
+        engine = ManagedServerEngine(cfg, env={"VLLM_SERVER_DEV_MODE": "1"})
+        await engine.start()
+        try:
+            assert engine.api_servers == 1 and engine.max_concurrency >= n + 1
+            return await receipt_behind_a_manual(engine, lines, n)
+        finally:
+            await engine.close()
+
+    done = asyncio.run(run())
+    print(f"\n{policy}: finished in the order {done}")
+    assert sorted(done) == sorted(["receipt"] + [f"manual{i}" for i in range(n)])
+    after = len(done) - 1 - done.index("receipt")
+    if policy == "priority":  # in the first batch of 4: the other 12 finish after it
+        assert after >= n - cfg.vllm.max_num_seqs
+    else:  # first come, first served: in the last batch
+        assert after < cfg.vllm.max_num_seqs
 
 
 KILLED_PARENT = """

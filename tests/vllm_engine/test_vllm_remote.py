@@ -51,14 +51,18 @@ def prompt_text_tokens(model_dir: Path) -> int:
 def test_pages_through_vllm_serve(server: VllmServer, model_dir: Path) -> None:
     async def run() -> tuple[list[PageOutput], PageOutput, PageOutput, float]:
         engine = RemoteEngine(remote_config(server.url))
-        await engine.start()
-        assert await engine.health()
-        t0 = time.monotonic()
-        outs = await asyncio.gather(*(engine.ocr(noise(i)) for i in range(4)))
-        seconds = time.monotonic() - t0
-        tiled = await engine.ocr(noise(5, 1191, 1684))
         looping = RemoteEngine(remote_config(server.url, max_tokens=3, loop_retries=1))
-        return outs, tiled, await looping.ocr(noise(6)), seconds
+        try:
+            await engine.start()
+            assert await engine.health()
+            t0 = time.monotonic()
+            outs = await asyncio.gather(*(engine.ocr(noise(i)) for i in range(4)))
+            seconds = time.monotonic() - t0
+            tiled = await engine.ocr(noise(5, 1191, 1684))
+            return outs, tiled, await looping.ocr(noise(6)), seconds
+        finally:
+            await engine.close()
+            await looping.close()
 
     outs, tiled, looped, seconds = asyncio.run(run())
     print(f"\n4 pages through vllm serve: {seconds:.2f} s")
@@ -81,7 +85,10 @@ def test_remote_and_local_engines_agree(server: VllmServer,
 
     async def run() -> tuple[list[str], list[str]]:
         remote = RemoteEngine(remote_config(server.url))
-        remote_texts = [(await remote.ocr(p)).text for p in pages]
+        try:
+            remote_texts = [(await remote.ocr(p)).text for p in pages]
+        finally:
+            await remote.close()
         local = VllmEngine(tiny_config(max_tokens=48, loop_retries=0))
         await local.start()
         try:
@@ -97,20 +104,23 @@ def test_remote_and_local_engines_agree(server: VllmServer,
 def test_server_outage_pauses_pages_then_recovers(server: VllmServer) -> None:
     async def run() -> dict[str, Any]:
         engine = RemoteEngine(remote_config(server.url))
-        facts: dict[str, Any] = {"before": await engine.ocr(noise(20))}
-        await asyncio.to_thread(server.stop)
-        t0 = time.monotonic()
         try:
-            await engine.ocr(noise(21))
-        except Exception as e:
-            facts["down_error"] = e
-        facts["down_seconds"] = time.monotonic() - t0
-        facts["down_health"] = await engine.health()
-        server.start()
-        facts["restart_seconds"] = await asyncio.to_thread(server.wait_ready)
-        facts["after"] = await engine.ocr(noise(22))  # the same engine, recovered
-        facts["up_health"] = await engine.health()
-        return facts
+            facts: dict[str, Any] = {"before": await engine.ocr(noise(20))}
+            await asyncio.to_thread(server.stop)
+            t0 = time.monotonic()
+            try:
+                await engine.ocr(noise(21))
+            except Exception as e:
+                facts["down_error"] = e
+            facts["down_seconds"] = time.monotonic() - t0
+            facts["down_health"] = await engine.health()
+            server.start()
+            facts["restart_seconds"] = await asyncio.to_thread(server.wait_ready)
+            facts["after"] = await engine.ocr(noise(22))  # the same engine, recovered
+            facts["up_health"] = await engine.health()
+            return facts
+        finally:
+            await engine.close()
 
     facts = asyncio.run(run())
     print(f"\nserver down -> EngineUnavailable after {facts['down_seconds']:.1f} s; "
