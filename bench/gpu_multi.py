@@ -18,6 +18,9 @@ drop to the last Markdown file. Rows:
   ROW_sN         any row with max_num_seqs N per server (default --max-num-seqs, 256)
   ROW_qN         any row with N pages queued per server beyond its batch
                  (engine.vllm.queue_per_server; default 4 per front end)
+  ROW_nomps      any row with engine.vllm.mps false: servers sharing a GPU take turns
+                 on it (time-sliced) instead of running under CUDA MPS (the default
+                 where servers share a GPU; round 11)
 
 --direct-pages N: before ocrd's pages (after them with --direct-after), N other pages go
 straight to the row's servers with a plain HTTP client (the requests ocrd sends, ocrd's
@@ -72,10 +75,12 @@ def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     v = e["vllm"]
     parts = name.split("_")  # "1gpu_x2_float_s384": the row, then its variations
     suffixes = []
-    while parts and (parts[-1] == "float" or re.fullmatch(r"[sq]\d+", parts[-1])):
+    while parts and (parts[-1] in ("float", "nomps") or re.fullmatch(r"[sq]\d+", parts[-1])):
         suffixes.append(parts.pop())
     name = "_".join(parts)
     v["uint8_pixels"] = "float" not in suffixes
+    if "nomps" in suffixes:
+        v["mps"] = False
     for x in suffixes:
         if x[0] == "s":
             v["max_num_seqs"] = int(x[1:])
@@ -272,6 +277,8 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             result["start"] = planned[-1].get("start") if planned else None
             result["start_gate_taken"] = sum(
                 1 for e in d.events("vllm_server") if TAKEN_MARK in str(e.get("line", "")))
+            result["mps_daemons"] = len(d.events("vllm_mps_ready"))
+            result["mps_unavailable"] = [e.get("error") for e in d.events("vllm_mps_unavailable")]
 
             def plain_client() -> None:
                 direct(d, args, direct_urls,
@@ -307,7 +314,7 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             print("OCRD", json.dumps({k: result.get(k) for k in (
                 "pages", "wall_s", "pages_per_s", "gpu_busy_pct", "middle_pages_per_s",
                 "middle_gpu_busy_pct", "peak_ocrd_pages_in_flight", "daemon_ready_s",
-                "server_start_s", "start", "start_gate_taken")}), flush=True)
+                "server_start_s", "start", "start_gate_taken", "mps_daemons")}), flush=True)
             common.save(args.out, f"multi_{name}_ocrd", result)
             if singles:
                 one_page(d, args, singles, result)

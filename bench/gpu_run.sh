@@ -34,6 +34,7 @@ mkdir -p "$DI"
 printf 'Metadata-Version: 2.1\nName: ocrd-vllm-plugin\nVersion: 0\n' > "$DI/METADATA"
 printf '[vllm.general_plugins]\nocrd_fast_encoder = ocrd.vllm_model.plugin:register\n' \
   > "$DI/entry_points.txt"
+[ -d /usr/local/nvidia/bin ] && export PATH="$PATH:/usr/local/nvidia/bin"  # nvidia-cuda-mps-control (MPS)
 export PYTHONPATH="$W/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUTD/gpu.txt"

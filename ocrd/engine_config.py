@@ -64,6 +64,12 @@ class VllmConfig(_Strict):
     # (issue 22: 2 servers made x1.51 in the middle of a run, GPU 94 % busy; 3 no more).
     # > 1 starts the managed mode even with api_servers 1.
     servers_per_gpu: int = Field(default=1, ge=1, le=16)
+    # Managed mode: CUDA MPS for the servers of a GPU (ocrd/engines/mps.py: one
+    # nvidia-cuda-mps-control per group of GPUs, started and stopped by ocrd), so that
+    # their kernels run side by side instead of in turns. null: where servers share a
+    # GPU and the control program is found (a warning where it cannot start); true:
+    # every group, and an error where it cannot start; false: never.
+    mps: bool | None = None
     # Managed mode: pages sent to each server beyond its batch (max_num_seqs), to wait
     # in its queue already prepared by its front ends. null: 4 per front end. A whole
     # batch more was 4 % slower on an H200 (bench/GPU_RESULTS.md round 9): the front ends

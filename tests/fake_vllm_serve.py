@@ -15,6 +15,12 @@ folder: PID.json with its argv, CUDA_VISIBLE_DEVICES and children, written at st
 FAKE_VLLM_EXIT_ON_DEVICE (exit with code 3 before listening when CUDA_VISIBLE_DEVICES
 is this).
 
+Under CUDA MPS (CUDA_MPS_PIPE_DIRECTORY set) its engine core is a client of that MPS
+control daemon (tests/fake_mps_control.py), as CUDA makes every process that starts on
+a GPU: it connects to the daemon's socket (recorded as "mps" in its PID.json: true, or
+false where none listens: CUDA then runs the process without MPS) and exits with an
+error when the daemon goes away while it runs (the worst a lost MPS server does).
+
 With OCRD_VLLM_START_LOCK (ocrd's start gate) it sizes its memory as the real engine
 core does through ocrd's plugin: inside the gate (ocrd/vllm_model/start_gate.py, its
 lines on stdout), for FAKE_VLLM_SIZING_SECONDS (0.3), appending "arrived/taken/released
@@ -80,6 +86,22 @@ def size_memory_at_the_gate(gate: str) -> None:
     sys.stdout.flush()
 
 
+async def mps_client() -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """Connect to the MPS control daemon, as CUDA does at start: the connection, or None
+    (no MPS: none asked for, or none listening)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe:
+        return None
+    try:
+        reader, writer = await asyncio.open_unix_connection(os.path.join(pipe, "control"))
+    except OSError:
+        return None
+    writer.write(f"client {os.getpid()}\n".encode())
+    await writer.drain()
+    await reader.readline()
+    return reader, writer  # (a writer let go closes the connection)
+
+
 async def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("command", choices=["serve"])
@@ -103,6 +125,10 @@ async def main() -> None:
             "env": {k: v for k, v in os.environ.items() if k.startswith("OCRD_VLLM_")},
             "started": time.monotonic()}))
     await asyncio.sleep(float(os.environ.get("FAKE_VLLM_START_SECONDS", "0.5")))
+    mps = await mps_client()
+    if record:
+        path = Path(record, f"{os.getpid()}.json")
+        path.write_text(json.dumps({**json.loads(path.read_text()), "mps": mps is not None}))
     exit_on = os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE")
     if exit_on is not None and os.environ.get("CUDA_VISIBLE_DEVICES") == exit_on:
         print("ERROR fake vllm serve: no usable GPU", flush=True)
@@ -118,6 +144,13 @@ async def main() -> None:
     print(f"INFO fake vllm serve listening on {args.host}:{args.port}", flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    if mps is not None:  # the MPS server's loss ends the client
+        lost = asyncio.create_task(mps[0].read())
+        await asyncio.wait([lost, asyncio.create_task(stop.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():
+            print("ERROR fake vllm serve: CUDA error: the MPS server went away", flush=True)
+            os._exit(1)
     await stop.wait()
     await server.stop()
     print("INFO fake vllm serve stopped (children left running)", flush=True)

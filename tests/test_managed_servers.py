@@ -16,11 +16,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 from PIL import Image
 
@@ -432,3 +434,150 @@ def test_a_server_whose_children_outlive_it_is_noticed_and_cleared(
     assert engine.restarts == 1 and all(p.text for p in pages)
     assert alive(first_children) == []
     assert not any(group_alive(pgid) for pgid in engine.pgids)
+
+
+# ---- CUDA MPS for the servers of a GPU (ocrd/engines/mps.py) ------------------------------
+
+FAKE_MPS = [sys.executable, str(Path(__file__).parent / "fake_mps_control.py")]
+
+
+@pytest.fixture
+def mps_env(fake_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "mps").mkdir()
+    return {**fake_env, "FAKE_MPS_RECORD": str(tmp_path / "mps")}
+
+
+def test_servers_sharing_a_gpu_run_under_one_mps_daemon_per_gpu(
+        mps_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """By default (mps null) two servers on each of two GPUs: one MPS control daemon per
+    GPU, started with that GPU as its CUDA_VISIBLE_DEVICES and a private pipe folder;
+    each server gets that folder and no CUDA_VISIBLE_DEVICES (MPS numbers a client's
+    devices from the daemon's), and its engine core is a client of its own GPU's
+    daemon. close() quits the daemons after the servers and removes their folders."""
+    cfg = engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[0, 1])
+
+    async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
+        engine = ManagedServerEngine(cfg, env=mps_env, program=FAKE, mps_program=FAKE_MPS)
+        await engine.start()
+        facts: dict[str, Any] = {"describe": engine.describe()}
+        try:
+            facts["folders"] = {d: c.folder for d, c in engine.mps.items()}
+            facts["modes"] = [os.stat(f).st_mode & 0o777 for f in facts["folders"].values()]
+            facts["pipes"] = [s.env.get("CUDA_MPS_PIPE_DIRECTORY") for s in engine.servers]
+            facts["controls"] = [pgid for c in engine.mps.values() for pgid in c.pgids]
+            facts["server_pids"] = [s.proc.pid for s in engine.servers]
+            facts["pages"] = await asyncio.gather(*(engine.ocr(page(n)) for n in range(8)))
+        finally:
+            await engine.close()
+        return engine, facts
+
+    engine, facts = asyncio.run(asyncio.wait_for(run(), 120))
+    assert facts["describe"]["mps"] is True
+    assert sorted(facts["folders"]) == ["0", "1"] and facts["modes"] == [0o700, 0o700]
+    pipe = {d: os.path.join(f, "pipe") for d, f in facts["folders"].items()}
+    assert facts["pipes"] == [pipe["0"], pipe["0"], pipe["1"], pipe["1"]]
+    daemons = {r["cuda"]: r for r in recorded(tmp_path / "mps")}
+    assert sorted(daemons) == ["0", "1"]
+    servers = {r["children"][0]: r for r in recorded(tmp_path / "servers")}
+    assert len(servers) == 4
+    assert all(r["cuda"] is None and r["mps"] is True for r in servers.values())
+    pids = facts["server_pids"]
+    assert sorted(daemons["0"]["clients"]) == sorted(pids[:2])
+    assert sorted(daemons["1"]["clients"]) == sorted(pids[2:])
+    assert daemons["0"]["pipe"] == pipe["0"] and daemons["1"]["pipe"] == pipe["1"]
+    assert len(facts["pages"]) == 8 and all(p.text for p in facts["pages"])
+    assert not any(os.path.exists(f) for f in facts["folders"].values())
+    assert not any(group_alive(p) for p in facts["controls"] + engine.pgids)
+    assert engine.mps == {}
+
+
+def test_mps_only_where_servers_share_a_gpu_or_asked_for(
+        mps_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """mps null with one server per GPU, and mps false with two: no daemon, each server
+    on its CUDA_VISIBLE_DEVICES, time-sliced."""
+    async def run(cfg: EngineConfig) -> dict[str, Any]:
+        engine = ManagedServerEngine(cfg, env=mps_env, program=FAKE, mps_program=FAKE_MPS)
+        await engine.start()
+        try:
+            return {"mps": dict(engine.mps), "describe": engine.describe()["mps"],
+                    "pages": await asyncio.gather(*(engine.ocr(page(n)) for n in range(2)))}
+        finally:
+            await engine.close()
+
+    for cfg in (engine_config(model, servers_per_gpu=1, api_servers=2, gpus=[0, 1]),
+                engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[1], mps=False)):
+        facts = asyncio.run(asyncio.wait_for(run(cfg), 60))
+        assert facts["mps"] == {} and facts["describe"] is False
+        assert all(p.text for p in facts["pages"])
+    assert recorded(tmp_path / "mps") == []
+    servers = recorded(tmp_path / "servers")
+    assert sorted(r["cuda"] for r in servers) == ["0", "1", "1", "1"]
+    assert not any(r["mps"] for r in servers)
+
+
+def test_an_mps_daemon_that_cannot_start(mps_env: dict[str, str], model: str,
+                                         tmp_path: Path) -> None:
+    """The control daemon exits at once (no GPU): with mps null a warning and the
+    servers time-sliced, converting; with mps true the engine does not start (EngineDead
+    naming the daemon's own words), no server is started and nothing is left."""
+    env = {**mps_env, "FAKE_MPS_FAIL": "1"}
+
+    async def run(cfg: EngineConfig) -> list[PageOutput]:
+        engine = ManagedServerEngine(cfg, env=env, program=FAKE, mps_program=FAKE_MPS)
+        await engine.start()
+        try:
+            assert engine.mps == {}
+            return await asyncio.gather(*(engine.ocr(page(n)) for n in range(2)))
+        finally:
+            await engine.close()
+
+    with structlog.testing.capture_logs() as logs:
+        pages = asyncio.run(asyncio.wait_for(
+            run(engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[0])), 60))
+    assert all(p.text for p in pages)
+    [warning] = [e for e in logs if e["event"] == "vllm_mps_unavailable"]
+    assert warning["gpus"] == "0" and "no CUDA-capable device" in warning["error"]
+    assert sorted(r["cuda"] for r in recorded(tmp_path / "servers")) == ["0", "0"]
+
+    before = len(recorded(tmp_path / "servers"))
+    cfg = engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[0], mps=True)
+    with pytest.raises(EngineDead, match="no CUDA-capable device"):
+        asyncio.run(asyncio.wait_for(run(cfg), 60))
+    assert len(recorded(tmp_path / "servers")) == before
+    assert not [p for p in Path(tempfile.gettempdir()).glob("ocrd-mps-*")
+                if p.stat().st_uid == os.getuid() and p.stat().st_mtime > time.time() - 60]
+
+
+def test_a_killed_mps_daemon_is_started_again_and_its_servers_too(
+        mps_env: dict[str, str], model: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL to the MPS control daemon of the two servers of a GPU while they convert:
+    both servers lose their MPS server and exit (the fake's worst case), the supervisors
+    start them again, ocrd starts the daemon again in the same folder, and every page
+    still converts; close() leaves nothing."""
+    cfg = engine_config(model, servers_per_gpu=2, api_servers=2, gpus=[0])
+
+    async def run() -> tuple[ManagedServerEngine, list[PageOutput], int, list[int]]:
+        engine = ManagedServerEngine(cfg, env=mps_env, program=FAKE, mps_program=FAKE_MPS)
+        await engine.start()
+        try:
+            control = engine.mps["0"]
+            pages = [asyncio.create_task(convert_waiting(engine, page(n)))
+                     for n in range(12)]
+            await asyncio.sleep(0.3)
+            os.killpg(control.pgids[0], signal.SIGKILL)
+            done = await asyncio.gather(*pages)
+            while control.restarts < 1 or engine.restarts < 2 or not all(
+                    s.up for s in engine.servers):
+                await asyncio.sleep(0.05)
+            done += await asyncio.gather(*(engine.ocr(page(n)) for n in range(12, 16)))
+            restarts, pgids = control.restarts, list(control.pgids)
+        finally:
+            await engine.close()
+        return engine, done, restarts, pgids
+
+    engine, pages, restarts, controls = asyncio.run(asyncio.wait_for(run(), 120))
+    assert restarts == 1 and len(controls) == 2
+    assert engine.restarts >= 2
+    assert len(pages) == 16 and all(p.text for p in pages)
+    assert not any(group_alive(p) for p in controls + engine.pgids)

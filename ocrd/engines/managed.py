@@ -39,6 +39,7 @@ from ocrd.config import EngineConfig
 from ocrd.engine_config import VllmConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.mps import MpsControl, MpsUnavailable
 from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.serve_args import (  # noqa: F401 - the tests' and bench's names
     ServerSpec,
@@ -86,11 +87,13 @@ class ManagedServerEngine(Engine):
     def __init__(self, cfg: EngineConfig, *, api_servers: int | None = None,
                  env: dict[str, str] | None = None,
                  program: list[str] | None = None,
-                 start_gate: bool | None = None) -> None:
+                 start_gate: bool | None = None,
+                 mps_program: list[str] | None = None) -> None:
         """`api_servers` overrides the config's; `env` adds to the servers' environment;
         `program` replaces the launcher of `vllm` (tests: a fake vLLM); `start_gate`:
         whether servers sharing GPUs start at once through the gate (default: where
-        vLLM finds ocrd's plugin and each server has one engine core)."""
+        vLLM finds ocrd's plugin and each server has one engine core); `mps_program`
+        replaces nvidia-cuda-mps-control (tests: a fake)."""
         if api_servers:
             cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(
                 update={"api_servers": api_servers})})
@@ -116,6 +119,8 @@ class ManagedServerEngine(Engine):
             start_gate = plugin.installed() and cfg.vllm.data_parallel_size == 1
         self.start_gate = start_gate
         self._gate_dir: str | None = None
+        self.mps_program = mps_program
+        self.mps: dict[str | None, MpsControl] = {}  # per group of GPUs that has one
 
     # ---- what the tests and the benchmarks read ---------------------------------------
 
@@ -161,10 +166,18 @@ class ManagedServerEngine(Engine):
         gated = self.start_gate and max(sharing.values()) > 1
         if gated:  # private: a lock file elsewhere could be another user's link
             self._gate_dir = tempfile.mkdtemp(prefix="ocrd-vllm-start-")
+        try:
+            await self._start_mps(sharing, env)
+        except BaseException:
+            await self._stop_all()
+            await self._client.close()
+            raise
         self.servers = [
             SupervisedServer(spec, self.command(spec)[1:],
                              {**env, **self._gate_env(spec, sharing[spec.devices])},
-                             self._client.probe_status, self.program)
+                             self._client.probe_status, self.program,
+                             mps=self.mps[spec.devices].client_env
+                             if spec.devices in self.mps else None)
             for spec in self.specs]
         groups: dict[str | None, list[SupervisedServer]] = {}
         for server in self.servers:
@@ -174,6 +187,7 @@ class ManagedServerEngine(Engine):
                  devices=[s.devices for s in self.specs],
                  api_servers_each=self.api_servers,
                  gpu_memory_utilization_each=self.specs[0].gpu_memory_utilization,
+                 mps=sorted(str(d) for d in self.mps),
                  start="at once, through the start gate" if gated
                  else "one after another per GPU" if len(self.specs) > len(groups)
                  else "at once")
@@ -188,6 +202,27 @@ class ManagedServerEngine(Engine):
         self._supervisors = [asyncio.create_task(s.supervise(),
                                                  name=f"vllm-server-supervisor-{s.spec.name}")
                              for s in self.servers]
+
+    async def _start_mps(self, sharing: Counter, env: dict[str, str]) -> None:
+        """An MPS control daemon for each group of GPUs that servers share (mps null) or
+        for every group (mps true); none with mps false. Where it cannot start: an
+        error with mps true, a warning and time-sliced servers with mps null."""
+        wanted = self.cfg.vllm.mps
+        for devices, servers in sharing.items():
+            if wanted is False or (wanted is None and servers < 2):
+                continue
+            control = MpsControl(devices, env, self.mps_program)
+            try:
+                await control.start()
+            except MpsUnavailable as e:
+                if wanted:
+                    raise EngineDead(f"engine.vllm.mps is true, but CUDA MPS did not "
+                                     f"start for GPUs {devices or '(all)'}: {e}") from e
+                log.warning("vllm_mps_unavailable", gpus=devices, error=str(e)[:2000],
+                            note="the servers sharing these GPUs take turns on them "
+                                 "(time-sliced); engine.vllm.mps: false silences this")
+                continue
+            self.mps[devices] = control
 
     def _gate_env(self, spec: ServerSpec, sharing: int) -> dict[str, str]:
         """The start gate's variable for a server whose GPUs `sharing` servers share."""
@@ -227,6 +262,8 @@ class ManagedServerEngine(Engine):
         for server in self.servers:
             server.closing = True
         await asyncio.gather(*(s.stop_process() for s in self.servers))
+        controls, self.mps = list(self.mps.values()), {}
+        await asyncio.gather(*(c.stop() for c in controls))  # after their clients
         if self._gate_dir is not None:
             shutil.rmtree(self._gate_dir, ignore_errors=True)
             self._gate_dir = None
@@ -244,7 +281,7 @@ class ManagedServerEngine(Engine):
                     servers=[s.url for s in self.specs],
                     dtype=self.cfg.vllm.dtype, max_model_len=self.cfg.vllm.max_model_len,
                     max_num_seqs=self.cfg.vllm.max_num_seqs,
-                    fast_encoder=self.fast_encoder_loaded)
+                    fast_encoder=self.fast_encoder_loaded, mps=bool(self.mps))
         if self._hf_overrides:
             info["hf_overrides"] = self._hf_overrides
         return info

@@ -87,15 +87,23 @@ class SupervisedServer:
 
     def __init__(self, spec: ServerSpec, args: list[str], env: dict[str, str],
                  probe: Callable[[str, float], Awaitable[int | None]],
-                 program: list[str] | None = None) -> None:
+                 program: list[str] | None = None, mps: dict[str, str] | None = None,
+                 ) -> None:
         """`probe(url, timeout)`: the HTTP status of a GET, None without an answer (the
-        remote engine's probe_status)."""
+        remote engine's probe_status). `mps`: the variables of its GPUs' MPS control
+        daemon (ocrd/engines/mps.py), which was started with the devices: the server
+        then gets no CUDA_VISIBLE_DEVICES (MPS numbers a client's devices from the
+        daemon's)."""
         self.spec = spec
         self.probe = probe
         self.url = spec.url
         self.args = args
         self.env = {**env, "PYTHONUNBUFFERED": "1"}
-        if spec.devices is not None:
+        self.mps = bool(mps)
+        if mps:
+            self.env.update(mps)
+            self.env.pop("CUDA_VISIBLE_DEVICES", None)
+        elif spec.devices is not None:
             self.env["CUDA_VISIBLE_DEVICES"] = spec.devices
         self.program = program
         self.proc: asyncio.subprocess.Process | None = None
@@ -128,7 +136,7 @@ class SupervisedServer:
         self.pgids.append(self.proc.pid)
         log.info("vllm_server_starting", server=self.spec.name, url=self.url,
                  api_servers=self.spec.api_servers, devices=self.spec.devices,
-                 gpu_memory_utilization=self.spec.gpu_memory_utilization,
+                 gpu_memory_utilization=self.spec.gpu_memory_utilization, mps=self.mps,
                  pid=self.proc.pid, command="vllm " + " ".join(self.args))
         self._reader = asyncio.create_task(self._read_output(self.proc),
                                            name=f"vllm-server-output-{self.spec.name}")
