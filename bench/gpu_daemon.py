@@ -130,9 +130,13 @@ def stop_and_record(d: GpuDaemon, result: dict, gpu_mem_mib: Callable[[], Any]) 
 
 
 async def direct_http(url: str, model: str, urls: list[str], t: int,
-                      concurrency: int, done: list[tuple[float, int]] | None = None
+                      concurrency: int, done: list[tuple[float, int]] | None = None,
+                      delay_s: float = 0.0, ramp_s: float = 0.0
                       ) -> tuple[float, list[float]]:
-    """All pages to `vllm serve` with a plain client: the same requests ocrd sends."""
+    """All pages to `vllm serve` with a plain client: the same requests ocrd sends.
+    `delay_s`: the first request that much later; `ramp_s`: the first `concurrency`
+    requests spread evenly over that many seconds instead of sent at once (the rest
+    follow as pages finish, as always)."""
     import aiohttp
 
     bodies = [json.dumps({
@@ -145,7 +149,9 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
 
-    async def one(client: aiohttp.ClientSession, body: bytes) -> None:
+    async def one(client: aiohttp.ClientSession, body: bytes, j: int) -> None:
+        if ramp_s and j < concurrency:
+            await asyncio.sleep(ramp_s * j / concurrency)
         async with sem:
             t1 = time.monotonic()
             async with client.post(url + "/chat/completions", data=body,
@@ -158,10 +164,12 @@ async def direct_http(url: str, model: str, urls: list[str], t: int,
                 done.append((time.monotonic(), 1))
 
     t0 = time.monotonic()
+    if delay_s:
+        await asyncio.sleep(delay_s)
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=900)) as client:
-        await asyncio.gather(*(one(client, b) for b in bodies))
+        await asyncio.gather(*(one(client, b, j) for j, b in enumerate(bodies)))
     return time.monotonic() - t0, latencies
 
 

@@ -26,7 +26,10 @@ drop to the last Markdown file. Rows:
 straight to the row's servers with a plain HTTP client (the requests ocrd sends, ocrd's
 number of pages in flight split evenly, or --direct-in-flight M), measured like ocrd's
 run: what the servers do without the daemon. --direct-also M,...: then the same pages
-again with M in flight, each (two depths on the same servers).
+again with M in flight, each (two depths on the same servers); MrS spreads the first M
+over S seconds, MsS starts each server's pages S seconds after the previous server's
+(does a run whose pages do not all start together, or whose servers' waves are out of
+step, come out faster? issue 22: the whole run loses ~25 % against its middle).
 
 Per row: engine start (s), GPU memory after start (MiB per GPU), every server warmed at
 full width with short answers (compiled kernels: no row pays them), pages/s, pages/s in
@@ -162,11 +165,23 @@ def warm(d: GpuDaemon, args: argparse.Namespace, urls: list[str]) -> float:
     return round(time.monotonic() - t0, 1)
 
 
+def direct_shape(text: str) -> tuple[int, str, float]:
+    """--direct-also's items: "800" (800 in flight, sent at once), "800r30" (the first
+    800 spread over 30 s), "800s20" (each server's pages 20 s after the previous
+    server's: their waves out of step)."""
+    m = re.fullmatch(r"(\d+)(?:([rs])(\d+(?:\.\d+)?))?", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not N, NrSECONDS or NsSECONDS: {text!r}")
+    return int(m[1]), m[2] or "", float(m[3] or 0)
+
+
 def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: int,
-           busy: Busy, result: dict[str, Any]) -> None:
+           busy: Busy, result: dict[str, Any], how: str = "", seconds: float = 0.0) -> None:
     """`urls` straight to the row's servers with a plain client: each server its share
     of the pages and of ocrd's pages in flight, all at once (as ocrd's PDFs are
-    dropped). Recorded under result["direct"]."""
+    dropped), or with how "r" spread over `seconds`, or with how "s" each server
+    `seconds` after the previous one. Recorded under result["direct"]; the time counts
+    from the first request, ramp and delays included."""
     servers = sorted({e["url"] for e in d.events("vllm_server_ready")})
     n, k = len(urls), len(servers)
     done: list[tuple[float, int]] = []
@@ -174,7 +189,9 @@ def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: i
 
     async def all_servers() -> list[float]:
         return await asyncio.gather(*(
-            direct_http(srv, str(args.model), urls[i::k], t, max(1, in_flight // k), done)
+            direct_http(srv, str(args.model), urls[i::k], t, max(1, in_flight // k), done,
+                        delay_s=i * seconds if how == "s" else 0.0,
+                        ramp_s=seconds if how == "r" else 0.0)
             for i, srv in enumerate(servers)))
 
     t0 = time.monotonic()
@@ -182,6 +199,8 @@ def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: i
     t1 = time.monotonic()
     mid = middle(t0, done)
     out: dict[str, Any] = {"pages": n, "in_flight": max(1, in_flight // k) * k,
+                           "ramp_s": seconds if how == "r" else 0.0,
+                           "stagger_s": seconds if how == "s" else 0.0,
                            "wall_s": round(t1 - t0, 2), "pages_per_s": round(n / (t1 - t0), 3),
                            "first_done_s": round(min(t for t, _ in done) - t0, 2),
                            "gpu_busy_pct": busy.busy(t0, t1)}
@@ -286,9 +305,9 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
                 direct(d, args, direct_urls,
                        args.direct_in_flight or int(result["pages_in_flight"] or 0), busy, result)
                 common.save(args.out, f"multi_{name}_direct", result)
-                for n in args.direct_also:  # the same pages again, with n in flight
+                for n, how, sec in args.direct_also:  # the same pages again, n in flight
                     again: dict[str, Any] = {}
-                    direct(d, args, direct_urls, n, busy, again)
+                    direct(d, args, direct_urls, n, busy, again, how, sec)
                     result.setdefault("direct_also", []).append(again["direct"])
                     common.save(args.out, f"multi_{name}_direct", result)
 
@@ -338,6 +357,15 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
     return result
 
 
+def shape_label(x: dict[str, Any]) -> str:
+    """", ramp 30 s" / ", stagger 20 s" for a plain client's run that was not at once."""
+    if x.get("ramp_s"):
+        return f", ramp {x['ramp_s']:g} s"
+    if x.get("stagger_s"):
+        return f", stagger {x['stagger_s']:g} s"
+    return ""
+
+
 def table(rows: list[dict]) -> str:
     base = next((r.get("pages_per_s") for r in rows if r["config"] == "1gpu_x1"), None)
     lines = ["| row | run | pages | pages/s | middle pages/s | × 1gpu_x1 | GPU busy % (middle) "
@@ -347,7 +375,8 @@ def table(rows: list[dict]) -> str:
         ratio = (f"{r['pages_per_s'] / base:.2f}" if base and r.get("pages_per_s") else "—")
         for x in ([r["direct"]] if "direct" in r else []) + r.get("direct_also", []):
             lines.append(
-                f"| {r['config']} | plain client, {x.get('in_flight')} in flight | "
+                f"| {r['config']} | plain client, {x.get('in_flight')} in flight"
+                f"{shape_label(x)} | "
                 f"{x.get('pages')} | {x.get('pages_per_s')} | "
                 f"{x.get('middle_pages_per_s')} | | {x.get('gpu_busy_pct')} "
                 f"({x.get('middle_gpu_busy_pct')}) | | | | |")
@@ -383,9 +412,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="the plain client's pages after ocrd's (and the one-page files)")
     p.add_argument("--direct-in-flight", type=int, default=0, metavar="N",
                    help="the plain client's pages in flight (default: ocrd's)")
-    p.add_argument("--direct-also", type=lambda t: [int(x) for x in t.split(",") if x],
-                   default=[], metavar="N,...",
-                   help="after the plain client's run, the same pages again with N in flight")
+    p.add_argument("--direct-also", type=lambda t: [direct_shape(x) for x in t.split(",") if x],
+                   default=[], metavar="N[rS|sS],...",
+                   help="after the plain client's run, the same pages again with N in flight "
+                        "(NrS: the first N spread over S seconds; NsS: each server S s "
+                        "after the previous one)")
     p.add_argument("--kill", default="", help="kill one server of this row a third in")
     p.add_argument("--quiet", type=float, default=1.0, help="inbox quiet_seconds")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
