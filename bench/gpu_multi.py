@@ -186,12 +186,12 @@ def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: i
     n, k = len(urls), len(servers)
     done: list[tuple[float, int]] = []
     t = common.sizes(args.tiny)["T"]
+    ramp, stagger = (seconds if how == "r" else 0.0), (seconds if how == "s" else 0.0)
 
     async def all_servers() -> list[float]:
         return await asyncio.gather(*(
             direct_http(srv, str(args.model), urls[i::k], t, max(1, in_flight // k), done,
-                        delay_s=i * seconds if how == "s" else 0.0,
-                        ramp_s=seconds if how == "r" else 0.0)
+                        delay_s=i * stagger, ramp_s=ramp)
             for i, srv in enumerate(servers)))
 
     t0 = time.monotonic()
@@ -199,8 +199,7 @@ def direct(d: GpuDaemon, args: argparse.Namespace, urls: list[str], in_flight: i
     t1 = time.monotonic()
     mid = middle(t0, done)
     out: dict[str, Any] = {"pages": n, "in_flight": max(1, in_flight // k) * k,
-                           "ramp_s": seconds if how == "r" else 0.0,
-                           "stagger_s": seconds if how == "s" else 0.0,
+                           "ramp_s": ramp, "stagger_s": stagger,
                            "wall_s": round(t1 - t0, 2), "pages_per_s": round(n / (t1 - t0), 3),
                            "first_done_s": round(min(t for t, _ in done) - t0, 2),
                            "gpu_busy_pct": busy.busy(t0, t1)}
