@@ -41,7 +41,8 @@ class Item:
     relpath: str  # the file's path in its inbox ("sub/scan.pdf")
     claim: tuple[str, ...]  # its folders below .ocrd-work: (instance, job id, *subfolders)
     info: DocInfo | None = None
-    claimed_at: float = 0.0
+    claimed_at: float = 0.0  # time.time(): the sidecar's claimed_at
+    claimed_mono: float = 0.0  # time.monotonic() of a claim in this run: its duration
     retries: int = 0  # destination failures so far (backoff)
     stage: str = "convert"  # convert | dispose (outputs written, the original is left)
     output: str = ""  # the Markdown written (stage dispose)

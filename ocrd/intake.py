@@ -195,7 +195,7 @@ class Intake:
             self._journal_backoff = 0.0
             inbox.tracker.forget(entry.relpath)
             if item is not None:
-                item.claimed_at = time.time()
+                item.claimed_at, item.claimed_mono = time.time(), time.monotonic()
                 self.submit(item)
 
     def _state_unwritable(self, e: JournalUnwritable) -> None:

@@ -105,8 +105,8 @@ class Outcomes:
                           meta.get("page_count"), len(meta.get("degraded_pages") or []))
         self.metrics.files.labels("degraded" if meta.get("degraded_pages") else "ok").inc()
         self.metrics.last_success.set(time.time())
-        if item.claimed_at:
-            self.metrics.file_seconds.observe(time.time() - item.claimed_at)
+        if item.claimed_mono:
+            self.metrics.file_seconds.observe(time.monotonic() - item.claimed_mono)
         self.done_pages += meta.get("page_count", 0)
 
     def dispose(self, item: Item) -> str | None:
