@@ -44,6 +44,7 @@ class Item:
     claimed_at: float = 0.0  # time.time(): the sidecar's claimed_at
     claimed_mono: float = 0.0  # time.monotonic() of a claim in this run: its duration
     retries: int = 0  # destination failures so far (backoff)
+    own_failures: int = 0  # of those, failures of this file alone (then plain names)
     stage: str = "convert"  # convert | dispose (outputs written, the original is left)
     output: str = ""  # the Markdown written (stage dispose)
     error: errors.OcrdError | None = None  # fail it instead of converting

@@ -21,6 +21,7 @@ import structlog
 
 from . import errors, pages, readiness, safefs
 from .claims import Claims, Item
+from .conditions import Conditions
 from .config import Config
 from .inboxes import Inbox, Inboxes
 from .journal import JournalUnwritable
@@ -51,6 +52,7 @@ class Intake:
         self._tasks: set[asyncio.Task] = set()
         self.journal_paused_until = 0.0
         self._journal_backoff = 0.0
+        self.conditions = Conditions(log)
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
@@ -101,9 +103,21 @@ class Intake:
                 if self.stopping or inbox.removed:
                     return
                 await self._check(inbox, cand)
+            for key in self.conditions.open_keys():
+                self.conditions.cleared(key, "resources_back")
         except JournalUnwritable as e:
             self._state_unwritable(e)
             cand.next_check = self.journal_paused_until  # nothing wrong with the file
+        except OSError as e:
+            if not errors.shortage(e):
+                raise
+            # Nothing wrong with the file either: look again later.
+            self.conditions.met(("short", e.errno), "resources_short", level="error",
+                                at="checking files", error=e.strerror or str(e),
+                                hint="ocrd has no file descriptor, memory or disk space "
+                                "to spare; files wait, nothing is failed")
+            inbox.tracker.recheck_later(cand)
+            return
         except Exception:  # noqa: BLE001 - a bug must not leave the file unreported
             log.exception("check_failed", file=cand.entry.relpath)
             inbox.tracker.recheck_later(cand)
@@ -115,16 +129,20 @@ class Intake:
         dirs, name = safefs.split(entry.relpath)
         try:
             root = inbox.open_root()
-        except OSError:
+        except OSError as e:
+            if errors.shortage(e):
+                raise
             return  # the inbox is gone for now; the next scan says so
         with root:
             try:
                 folder = root.walk(dirs)
-            except OSError:
+            except OSError as e:
+                if errors.shortage(e):
+                    raise
                 inbox.tracker.forget(entry.relpath)  # its folder is gone or a link now
                 return
             with folder:
-                probe, checked = await self._probe(inbox, folder, entry)
+                probe, checked = await self._probe(folder, entry)
                 try:
                     now_entry = entry_for(entry.path, entry.relpath, folder.lstat(name))
                 except OSError:
@@ -133,10 +151,11 @@ class Intake:
                                             inbox.cfg.incomplete_seconds, time.monotonic())
                 await self._act(inbox, cand, folder, decision, checked)
 
-    async def _probe(self, inbox: Inbox, folder: safefs.Dir, entry: Entry
+    async def _probe(self, folder: safefs.Dir, entry: Entry
                      ) -> tuple[readiness.Probe | None, os.stat_result | None]:
         """The completeness check of the file ocrd opened (not of whatever the path
-        names by the time a worker looks). None for an entry that is not a regular file."""
+        names by the time a worker looks). None for an entry that is not a regular file.
+        An OSError of a shortage (errors.SHORTAGE) is raised: not the file's fault."""
         if not entry.regular:
             return None, None
         name = entry.relpath.rsplit("/", 1)[-1]
@@ -147,7 +166,9 @@ class Intake:
         except PermissionError:
             return errors.Unreadable("ocrd has no permission to read the file (check its "
                                      "owner and mode)"), None
-        except OSError:
+        except OSError as e:
+            if errors.shortage(e):
+                raise
             return None, None  # no longer a regular file: readiness looks again
         try:
             checked = os.fstat(fd)

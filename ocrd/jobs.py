@@ -54,6 +54,10 @@ class Jobs:
         except errors.OcrdError as e:
             await self.outcomes.fail(item, e)
             return
+        except OSError as e:  # no descriptor to spare, the inbox unreachable …
+            self._requeue(item)
+            self.outcomes.destination_failed(item, e, "work area")
+            return
         try:
             written = await self._convert(item, fd)
         finally:
@@ -72,6 +76,8 @@ class Jobs:
             raise errors.Unreadable("the claimed file disappeared from the work area",
                                     reason="vanished") from None
         except OSError as e:
+            if errors.shortage(e):
+                raise  # the daemon's trouble, not the file's: it waits
             if e.errno in (errno.ELOOP, errno.EINVAL):
                 raise errors.NotRegularFile(
                     "the claimed file in the work area was replaced by a link or special "
@@ -81,7 +87,7 @@ class Jobs:
 
     async def _convert(self, item: Item, fd: int):  # noqa: ANN202 - Written | None
         inbox = item.inbox
-        plain = item.retries >= OWN_FAILURE_TRIES
+        plain = item.own_failures >= OWN_FAILURE_TRIES
         src = Source(fd, item.relpath, inbox=str(inbox.path), prompt_mode=inbox.cfg.prompt,
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
@@ -108,8 +114,9 @@ class Jobs:
             item.sha256, item.info = src.sha256, src.info
             await self.outcomes.fail(item, e)
         except OSError as e:
-            # The destination is full, read-only or gone: not the file's fault. Keep it
-            # claimed and try again later.
+            # The destination is full, read-only or gone, or the daemon is short of
+            # descriptors or memory: not the file's fault. Keep it claimed and try again
+            # later.
             self._requeue(item)
             self.outcomes.destination_failed(item, e, "outbox")
         except Exception as e:  # noqa: BLE001 - one file must never take the daemon down

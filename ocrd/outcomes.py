@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import re
 import stat
@@ -37,10 +36,9 @@ from .watch import WORK_DIR_NAME, Entry
 
 log = structlog.get_logger("ocrd.outcomes")
 
-# errno values that say the destination as a whole cannot take files now
-TRANSIENT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOENT,
-             errno.EACCES, errno.EPERM, errno.ESTALE, errno.ENOTCONN, errno.EAGAIN,
-             errno.EBUSY, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.ENODEV, errno.ENXIO}
+# errno values that say the destination as a whole cannot take files now, or that the
+# daemon is short of descriptors or memory
+TRANSIENT = errors.NOT_NOW
 # tries of a file-specific destination failure before plain names, then failing
 OWN_FAILURE_TRIES = 3
 MAX_BACKOFF_SECONDS = 60.0
@@ -185,7 +183,7 @@ class Outcomes:
     def _move_failed(self, item: Item, err: errors.OcrdError, attempts: int) -> str:
         inbox = item.inbox
         extra = {"attempts": attempts, **item.extra}
-        plain = item.retries >= OWN_FAILURE_TRIES
+        plain = item.own_failures >= OWN_FAILURE_TRIES
         with safefs.Dir.open_root(inbox.cfg.failed, create=True) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))
                                          if plain else item.folders, inbox.perms)
@@ -225,7 +223,7 @@ class Outcomes:
         """The original keeps its name in archive/ (name-2 … only where taken; plain
         names where the share refused it OWN_FAILURE_TRIES times)."""
         inbox = item.inbox
-        plain = item.retries >= OWN_FAILURE_TRIES
+        plain = item.own_failures >= OWN_FAILURE_TRIES
         folders = tuple(map(plain_name, item.folders)) if plain else item.folders
         with safefs.Dir.open_root(archive, create=True) as root:
             folder, _used = outbox.mirror(root, folders, inbox.perms)
@@ -250,7 +248,9 @@ class Outcomes:
         with plain names, then failed (output_failed). Returns the delay."""
         item.retries += 1
         own = not transient(e)
-        if own and item.retries > 2 * OWN_FAILURE_TRIES and where != "failed":
+        if own:
+            item.own_failures += 1  # a transient failure costs the file nothing
+        if own and item.own_failures > 2 * OWN_FAILURE_TRIES and where != "failed":
             item.error = errors.OutputFailed(
                 f"the {where} folder does not take this file: {e.strerror or e} "
                 f"({names.shown(str(getattr(e, 'filename', '') or ''))})")
@@ -260,6 +260,12 @@ class Outcomes:
         loop = asyncio.get_running_loop()
         self._later = [h for h in self._later if not h.cancelled()]
         self._later.append(loop.call_later(delay, self.resubmit, item))
+        if e.errno in errors.DAEMON_SHORTAGE:
+            log.error("resources_short", file=item.relpath, at=where,
+                      error=e.strerror or str(e), retry_in=delay,
+                      hint="ocrd has no file descriptor or memory to spare (LimitNOFILE= "
+                      "in the unit, other processes); the file waits, nothing is failed")
+            return delay
         event = "failed_folder_unwritable" if where == "failed" else "output_unwritable"
         log.error(event, file=item.relpath, folder=where,
                   error=e.strerror or str(e), path=getattr(e, "filename", None),
