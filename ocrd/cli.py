@@ -217,6 +217,8 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{live.get('queue', 0):.0f}, converting {live.get('active', 0):.0f} file(s), "
               f"{live.get('in_flight', 0):.0f} page(s) in flight, "
               f"{live.get('pages_ok', 0):.0f} pages done since start")
+        for paused in live.get("paused_inboxes", []):
+            print(printable(f"inbox {paused['inbox']}: PAUSED, {paused['why']}"))
     order = ["claimed", "converting", "finishing", "done", "failed"]
     print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
     if failures:

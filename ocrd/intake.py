@@ -53,29 +53,55 @@ class Intake:
         self.journal_paused_until = 0.0
         self._journal_backoff = 0.0
         self.conditions = Conditions(log)
+        self._state_ok = True
+        self._next_state_check = 0.0
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
             _testing_stall()
             now = time.monotonic()
             self.loop_turned()
-            for inbox in self.inboxes.due_scans(now, self.cfg.rescan_seconds,
-                                                self.cfg.poll_seconds):
-                await self.inboxes.scan(inbox, self.metrics.rescans.inc)
+            for inbox in self.inboxes:
+                self.inboxes.check_folders(inbox, force=False)
+            self.inboxes.check_watches(now)
+            self.inboxes.start_scans(now, self.cfg.rescan_seconds, self.cfg.poll_seconds,
+                                     self.metrics.rescans.inc)
             self.inboxes.apply_hints()
-            if self.engine_open.is_set() and now >= self.journal_paused_until:
+            if self.engine_open.is_set() and now >= self.journal_paused_until and \
+                    self._state_folder_ok(now):
                 for inbox in self.inboxes:
                     if inbox.taking_files(now):
                         for cand in inbox.tracker.due():
                             cand.busy = True
                             self._spawn(self.check(inbox, cand))
             self.metrics.candidates.set(sum(len(i.tracker) for i in self.inboxes))
+            self.metrics.set_paused({str(i.path): why for i in self.inboxes
+                                     if (why := i.paused_why) is not None})
             self.metrics.queue_depth.set(queue_depth())
             self.metrics.active_files.set(active())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.inboxes.next_wait(time.monotonic())):
                     await self.inboxes.wake.wait()
             self.inboxes.wake.clear()
+
+    def _state_folder_ok(self, now: float) -> bool:
+        """The state folder is the one pinned (checked once a second): otherwise no
+        claim is made, whatever its journal would say."""
+        if now < self._next_state_check:
+            return self._state_ok
+        self._next_state_check = now + 1.0
+        path = self.cfg.state_dir
+        why = self.inboxes.roots.get(path).problem()
+        if why is None:
+            self.conditions.cleared("state_dir", "folder_back", folder="state_dir",
+                                    path=str(path))
+        else:
+            self.conditions.met("state_dir", "folder_replaced", level="error",
+                                folder="state_dir", path=str(path), why=why,
+                                hint="ocrd claims no file until the state folder is back "
+                                "as it was (or a restart)")
+        self._state_ok = why is None
+        return self._state_ok
 
     def _spawn(self, coro) -> None:  # noqa: ANN001
         task = asyncio.create_task(coro, name="check")
@@ -104,7 +130,8 @@ class Intake:
                     return
                 await self._check(inbox, cand)
             for key in self.conditions.open_keys():
-                self.conditions.cleared(key, "resources_back")
+                if key != "state_dir":
+                    self.conditions.cleared(key, "resources_back")
         except JournalUnwritable as e:
             self._state_unwritable(e)
             cand.next_check = self.journal_paused_until  # nothing wrong with the file

@@ -23,6 +23,7 @@ from .journal import Journal, JournalUnwritable
 from .outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
 from .pdfout import PdfSettings
 from .pipeline import Converter, Source
+from .roots import RootChanged
 
 log = structlog.get_logger("ocrd.jobs")
 
@@ -76,8 +77,8 @@ class Jobs:
             raise errors.Unreadable("the claimed file disappeared from the work area",
                                     reason="vanished") from None
         except OSError as e:
-            if errors.shortage(e):
-                raise  # the daemon's trouble, not the file's: it waits
+            if errors.shortage(e) or isinstance(e, RootChanged):
+                raise  # the daemon's trouble (or its inbox's), not the file's: it waits
             if e.errno in (errno.ELOOP, errno.EINVAL):
                 raise errors.NotRegularFile(
                     "the claimed file in the work area was replaced by a link or special "
@@ -99,7 +100,7 @@ class Jobs:
         src.order = item.order
         folders = tuple(map(plain_name, item.folders)) if plain else item.folders
         try:
-            with safefs.Dir.open_root(inbox.cfg.outbox, create=True) as root:
+            with inbox.open_destination(inbox.cfg.outbox) as root:
                 out_dir, _used = outbox.mirror(root, folders, inbox.perms)
                 with out_dir:
                     return await self.converter.convert(src, out_dir, inbox.perms)

@@ -297,12 +297,13 @@ def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str,
     return src.get("path") == source and (sha256 is None or src.get("sha256") == sha256)
 
 
-def sweep_temporaries(root: Path, tag: str) -> int:
+def sweep_temporaries(root: Path, tag: str, open_root: Callable[[], Dir] | None = None
+                      ) -> int:
     """Remove this daemon's temporary files and folders under root (left by a crash),
-    never entering a link."""
+    never entering a link. `open_root`: how the daemon opens that folder (pinned)."""
     prefix = f"{TMP_PREFIX}{tag}-"
     try:
-        top = Dir.open_root(root)
+        top = open_root() if open_root is not None else Dir.open_root(root)
     except OSError:
         return 0
     with top:

@@ -138,7 +138,7 @@ class Outcomes:
         token = (before.st_size, before.st_mtime_ns)
         inbox.putting_back.append(token)  # before the file shows in the inbox ...
         try:
-            with safefs.Dir.open_root(inbox.path) as root:
+            with inbox.open_root() as root:
                 folder, used = outbox.mirror(root, item.folders, inbox.perms)
                 with folder:
                     name = outbox.move_unique(claim, item.name, folder, item.name)
@@ -184,7 +184,7 @@ class Outcomes:
         inbox = item.inbox
         extra = {"attempts": attempts, **item.extra}
         plain = item.own_failures >= OWN_FAILURE_TRIES
-        with safefs.Dir.open_root(inbox.cfg.failed, create=True) as root:
+        with inbox.open_destination(inbox.cfg.failed) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))
                                          if plain else item.folders, inbox.perms)
             with folder:
@@ -225,7 +225,7 @@ class Outcomes:
         inbox = item.inbox
         plain = item.own_failures >= OWN_FAILURE_TRIES
         folders = tuple(map(plain_name, item.folders)) if plain else item.folders
-        with safefs.Dir.open_root(archive, create=True) as root:
+        with inbox.open_destination(archive) as root:
             folder, _used = outbox.mirror(root, folders, inbox.perms)
             with folder:
                 return outbox.move_unique(claim, item.name, folder,

@@ -60,7 +60,7 @@ class Parts:
                               cfg.schedule.batch_window_seconds, room=converter.has_room,
                               room_limit=cfg.schedule.max_active_documents + in_flight)
         converter.on_progress = scheduler.poke
-        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept)
+        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept, roots=daemon.roots)
         intake = Intake(cfg, inboxes, Claims(state_folder.journal, daemon.metrics), pools[1],
                         submit, converter.gate.open, daemon.metrics,
                         daemon.liveness.loop_turned)

@@ -17,6 +17,7 @@ import uvicorn
 from .. import listen
 from ..config import Config
 from ..previews import Previews
+from ..roots import Roots
 from .app import create_app
 from .auth import load_secret, load_token
 from .context import Context
@@ -27,12 +28,13 @@ log = structlog.get_logger("ocrd.web")
 
 
 class Console:
-    def __init__(self, cfg: Config, live: LiveStatus | None) -> None:
+    def __init__(self, cfg: Config, live: LiveStatus | None, roots: Roots | None = None
+                 ) -> None:
         web = cfg.web
         token = load_token(web)  # ConfigError: the daemon must not start without it
         self.previews = Previews(cfg.state_dir / "previews", web.previews_days,
                                  web.previews_max_bytes) if web.previews else None
-        self.ctx = Context(cfg, Store(cfg, self.previews),
+        self.ctx = Context(cfg, Store(cfg, self.previews, roots),
                            live.get if live is not None else lambda: None, token,
                            load_secret(cfg.state_dir))
         self.address: str | None = None
@@ -41,10 +43,12 @@ class Console:
         self._sock: socket.socket | None = None
 
     @classmethod
-    def start(cls, cfg: Config, live: LiveStatus | None) -> Console:
+    def start(cls, cfg: Config, live: LiveStatus | None, roots: Roots | None = None
+              ) -> Console:
         """Previews writer running, and the console listening (unless web.listen is
-        null or its port cannot be bound: logged, and the daemon goes on)."""
-        console = cls(cfg, live)
+        null or its port cannot be bound: logged, and the daemon goes on). `roots`: the
+        daemon's pinned folders, the only way the console reads the configured ones."""
+        console = cls(cfg, live, roots)
         if console.previews is not None:
             console.previews.start()
         if cfg.web.listen is not None:
