@@ -400,6 +400,9 @@ def _dead_threads(observer: InotifyObserver) -> list[str]:
 
 
 def _stop(observer: InotifyObserver) -> None:
-    observer.stop()  # its emitters, and its inotify reader
+    try:
+        observer.stop()  # its emitters, and its inotify reader
+    except OSError as e:  # a broken one (its inotify descriptor gone) cannot unwatch
+        log.debug("observer_stop_failed", error=str(e))
     if observer.is_alive():
         observer.join(timeout=5)
