@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from . import errors, outbox, safefs
+from . import kept as kept_marks
 from .inboxes import Inbox, remove_empty
 from .journal import Journal
 from .pages import DocInfo
@@ -128,6 +129,17 @@ class Claims:
                     dest.rename(item.name, folder, item.name)
                     _remove_job_folder(work, item.claim[1:])
                     return False
+                if inbox.cfg.on_success == "keep" and _kept_by_another(inbox, item, dest):
+                    try:
+                        dest.rename(item.name, folder, item.name)
+                    except OSError as e:  # its name taken meanwhile: convert it after all
+                        log.warning("claim_kept", file=item.relpath, error=str(e))
+                        return True
+                    log.info("claim_undone", file=item.relpath,
+                             why="another daemon on the share converted it and put it "
+                             "back (on_success: keep)")
+                    _remove_job_folder(work, item.claim[1:])
+                    return False
         return True
 
     def _compare(self, item: Item, entry: Entry, checked: os.stat_result | None) -> None:
@@ -169,6 +181,21 @@ def _in_place(inbox: Inbox, folders: tuple[str, ...], folder: safefs.Dir) -> boo
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _kept_by_another(inbox: Inbox, item: Item, claimed: safefs.Dir) -> bool:
+    """The file just claimed is an original that a daemon on the share converted and
+    put back (its mark is written before the original reappears: after a claim that
+    won the rename, the mark is there if it ever will be)."""
+    try:
+        st = claimed.lstat(item.name)
+        with inbox.open_root() as root:
+            done = kept_marks.marked(root, item.relpath, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return False
+    if done:
+        inbox.kept.add((item.relpath, st.st_size, st.st_mtime_ns))
+    return done
 
 
 def _remove_job_folder(work: safefs.Dir, parts: tuple[str, ...]) -> None:

@@ -230,6 +230,9 @@ class Intake:
                 errors.NotRegularFile("not a regular file (a symbolic link, FIFO, socket or "
                                       "device); ocrd never follows links out of an inbox — "
                                       "copy the document itself into the inbox")
+            if entry.regular and self.inboxes.is_kept(inbox, entry):
+                inbox.tracker.forget(entry.relpath)  # put back since it was seen
+                return
             try:
                 item = self.claims.claim(inbox, folder, entry, checked, info, error)
             except JournalUnwritable:

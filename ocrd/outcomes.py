@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from . import errors, names, outbox, records, safefs
+from . import kept as kept_marks
 from .claims import Item
 from .inboxes import Inbox, remove_empty
 from .journal import Journal, JournalUnwritable
@@ -141,13 +142,23 @@ class Outcomes:
             with inbox.open_root() as root:
                 folder, used = outbox.mirror(root, item.folders, inbox.perms)
                 with folder:
+                    # marked on the share first: no other daemon takes it back in
+                    wanted = "/".join((*used, item.name))
+                    self._mark(root, item, wanted, before)
                     name = outbox.move_unique(claim, item.name, folder, item.name)
                     st = folder.lstat(name)
-            kept = "/".join((*used, name))
-            inbox.kept.add((kept, st.st_size, st.st_mtime_ns))
+                    put_back = "/".join((*used, name))
+                    if put_back != wanted:
+                        self._mark(root, item, put_back, st)
+            inbox.kept.add((put_back, st.st_size, st.st_mtime_ns))
         finally:
             inbox.putting_back.remove(token)  # ... until it is in `kept`
-        return kept
+        return put_back
+
+    def _mark(self, root: safefs.Dir, item: Item, relpath: str,
+              st: os.stat_result) -> None:
+        kept_marks.mark(root, relpath, st.st_size, st.st_mtime_ns, item.inbox.perms,
+                  sha256=item.sha256, instance=item.inbox.instance)
 
     def is_kept(self, inbox: Inbox, entry: Entry) -> bool:
         """A file converted with on_success: keep, unchanged since it was put back."""
@@ -159,7 +170,9 @@ class Outcomes:
         try:
             known = self.journal.is_kept(str(inbox.path), *key)
         except JournalUnwritable:
-            return False
+            known = False
+        if not known and inbox.cfg.on_success == "keep":
+            known = marked_on_share(inbox, *key)  # by another daemon on the share
         if known:
             inbox.kept.add(key)
         return known
@@ -280,6 +293,15 @@ class Outcomes:
         self.stopping.set()
         for handle in self._later:
             handle.cancel()
+
+
+def marked_on_share(inbox: Inbox, relpath: str, size: int, mtime_ns: int) -> bool:
+    """Some daemon serving this inbox converted relpath (as it is now) and put it back."""
+    try:
+        with inbox.open_root() as root:
+            return kept_marks.marked(root, relpath, size, mtime_ns)
+    except OSError:
+        return False
 
 
 def claim_same_fs(a: safefs.Dir, b: safefs.Dir) -> bool:

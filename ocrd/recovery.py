@@ -35,6 +35,7 @@ from . import errors, outbox, safefs
 from .claims import Item, claim_parts
 from .inboxes import OWNER_FILE, Inbox, host_id, remove_empty
 from .journal import Job, Journal
+from .kept import KEPT_DIR
 from .outcomes import Outcomes
 from .watch import WORK_DIR_NAME
 
@@ -136,6 +137,8 @@ class Recovery:
                 return
             with work:
                 for name in sorted(work.names()):
+                    if name == KEPT_DIR:  # the share's marks of kept originals (kept.py)
+                        continue
                     if name == inbox.instance or self._ours_to_adopt(work, name):
                         self._adopt_area(inbox, work, name, known)
 
