@@ -363,10 +363,34 @@ def _keep_rss_near_live_memory() -> None:
         pass
 
 
+# the soft descriptor limit is raised at most this far (a container's hard limit may be
+# "infinity", or a billion)
+MOST_DESCRIPTORS = 1 << 20
+
+
+def raise_descriptor_limit() -> tuple[int, int]:
+    """The soft RLIMIT_NOFILE raised to the hard one (systemd's default soft limit,
+    1,024, is for programs that use select(); ocrd does not). Returns (soft, hard)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MOST_DESCRIPTORS if hard == resource.RLIM_INFINITY else \
+        min(hard, MOST_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as e:
+            log.warning("descriptor_limit_not_raised", soft=soft, hard=hard, error=str(e))
+    return soft, hard
+
+
 def run(config_path: Path) -> int:
     # A watchdog timeout ends in SIGABRT: print every thread's stack first, so the
     # journal shows where the daemon hung.
     faulthandler.enable()
+    soft, hard = raise_descriptor_limit()
+    log.info("descriptor_limit", soft=soft, hard=hard)
     cfg = load_config(config_path)
     problems = layout_problems(cfg)
     if problems:

@@ -3,6 +3,8 @@ that a slow browser never holds up intake, and the page previews' writer beside 
 
 The socket is bound at start, in the daemon's thread: a port already taken is reported
 there (and the daemon runs on without its console), and a missing token stops the start.
+Its connections are bounded in number and in the time they may take to say what they
+want (connections.py): the console shares the daemon's descriptors.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .. import listen
 from ..config import Config
 from ..previews import Previews
 from ..roots import Roots
+from . import connections
 from .app import create_app
 from .auth import load_secret, load_token
 from .context import Context
@@ -70,18 +73,25 @@ class Console:
             raise
         self._sock = sock
         self.address = str(addr._replace(port=sock.getsockname()[1]))
+        most = connections.max_connections()
         config = uvicorn.Config(create_app(self.ctx), log_config=None, access_log=False,
-                                lifespan="off", loop="asyncio", http="h11", ws="none",
-                                timeout_graceful_shutdown=2, server_header=False)
+                                lifespan="off", loop="asyncio",
+                                http=connections.protocol_class(most), ws="none",
+                                timeout_graceful_shutdown=2, server_header=False,
+                                timeout_keep_alive=connections.KEEP_ALIVE,
+                                # requests in progress; connections are capped at `most`
+                                limit_concurrency=most + 1, backlog=128)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="console", daemon=True)
         self._thread.start()
         log.info("console_listening", address=self.address,
-                 url=f"http://{self.address}/", token_required=self.ctx.token_required)
+                 url=f"http://{self.address}/", token_required=self.ctx.token_required,
+                 max_connections=most)
 
     def _run(self) -> None:
         assert self._server is not None and self._sock is not None
         loop = asyncio.new_event_loop()
+        loop.set_exception_handler(connections.exception_handler)
         try:
             loop.run_until_complete(self._server.serve(sockets=[self._sock]))
         except Exception as e:  # noqa: BLE001 - the console failing must not stop intake
