@@ -76,12 +76,12 @@ class Console:
         most = connections.max_connections()
         config = uvicorn.Config(create_app(self.ctx), log_config=None, access_log=False,
                                 lifespan="off", loop="asyncio",
-                                http=connections.protocol_class(most), ws="none",
+                                http=connections.HeaderTimeoutH11Protocol, ws="none",
                                 timeout_graceful_shutdown=2, server_header=False,
                                 timeout_keep_alive=connections.KEEP_ALIVE,
                                 # requests in progress; connections are capped at `most`
                                 limit_concurrency=most + 1, backlog=128)
-        self._server = uvicorn.Server(config)
+        self._server = connections.ConsoleServer(config, most)
         self._thread = threading.Thread(target=self._run, name="console", daemon=True)
         self._thread.start()
         log.info("console_listening", address=self.address,
