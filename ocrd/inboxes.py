@@ -72,6 +72,7 @@ class Inbox:
     readable: bool = True  # the inbox folder itself is the one pinned: it may be scanned
     next_folder_check: float = 0.0
     scanning: asyncio.Task | None = None
+    checking: asyncio.Task | None = None  # a look at its folders, in a thread
     watch_deaths: list[float] = field(default_factory=list)  # monotonic times
     # originals put back after conversion (on_success: keep): (relpath, size, mtime_ns)
     kept: set[tuple[str, int, int]] = field(default_factory=set)
@@ -244,29 +245,56 @@ class Inboxes:
     def stop(self) -> None:
         self._stopping.set()
         for inbox in self:
-            if inbox.scanning is not None:
-                inbox.scanning.cancel()
+            for task in (inbox.scanning, inbox.checking):
+                if task is not None:
+                    task.cancel()
         self.observers.stop()
 
     # -- the inbox's folders against their pins -------------------------------------------
 
-    def check_folders(self, inbox: Inbox, force: bool = True) -> None:
-        """Compare the inbox's folders with their pins (unless `force`, at most every
-        FOLDER_CHECK_SECONDS): block the inbox while one is not the folder pinned, say
-        so once, and go on when it is back."""
-        now = time.monotonic()
-        if not force and now < inbox.next_folder_check:
-            return
-        inbox.next_folder_check = now + FOLDER_CHECK_SECONDS
-        box, problems, missing, readable = inbox.cfg, [], False, True
+    def check_folders(self, inbox: Inbox) -> None:
+        """Compare the inbox's folders with their pins now (at add and reload): block
+        the inbox while one is not the folder pinned, say so once, and go on when it
+        is back."""
+        inbox.next_folder_check = time.monotonic() + FOLDER_CHECK_SECONDS
+        self._apply_folders(inbox, self._look_at_folders(inbox.cfg))
+
+    def start_folder_checks(self, now: float) -> None:
+        """check_folders for every inbox whose turn it is (every FOLDER_CHECK_SECONDS),
+        the looking done in a thread: a share that hangs holds up nothing else."""
+        for inbox in self:
+            if now < inbox.next_folder_check or \
+                    (inbox.checking is not None and not inbox.checking.done()):
+                continue
+            inbox.next_folder_check = now + FOLDER_CHECK_SECONDS
+            inbox.checking = asyncio.create_task(self._check_beside(inbox),
+                                                 name="check-folders")
+
+    async def _check_beside(self, inbox: Inbox) -> None:
+        cfg = inbox.cfg
+        found = await asyncio.to_thread(self._look_at_folders, cfg)
+        if inbox.cfg is cfg and not inbox.removed:
+            self._apply_folders(inbox, found)
+
+    def _look_at_folders(self, box: InboxConfig) -> list[tuple[str, Path, str | None, bool]]:
+        """(which, path, why it is not usable or None, pinned) for each folder of the
+        inbox; any thread."""
+        out = []
         for which, path in (("path", box.path), *box.destinations().items()):
             root = self.roots.get(path)
             why = root.problem()
+            out.append((which, path, why, root.pinned))
+        return out
+
+    def _apply_folders(self, inbox: Inbox,
+                       found: list[tuple[str, Path, str | None, bool]]) -> None:
+        box, problems, missing, readable = inbox.cfg, [], False, True
+        for which, path, why, pinned in found:
             key = (box.path, which)
             if which == "path" and why == MISSING:
                 missing = True  # a share not mounted: inbox_missing, as ever
                 continue
-            if why is None or (why == MISSING and not root.pinned):
+            if why is None or (why == MISSING and not pinned):
                 # as pinned (or a destination that ocrd makes on first use)
                 if self.conditions.cleared(key):
                     log.info("folder_back", inbox=str(box.path), folder=which,
@@ -276,7 +304,7 @@ class Inboxes:
             readable = readable and which != "path"
             self.conditions.met(
                 key, "folder_replaced", level="error", inbox=str(box.path), folder=which,
-                path=str(path), why=why, resolved=str(root.real),
+                path=str(path), why=why, resolved=str(self.roots.get(path).real),
                 hint="ocrd neither reads nor writes through it: the inbox is paused until "
                 "the folder is back as it was, or `systemctl reload ocrd` accepts the "
                 "folder that is there now (never a symbolic link)")
@@ -344,7 +372,7 @@ class Inboxes:
 
     async def scan(self, inbox: Inbox, rescans: Callable[[], None]) -> None:
         root = inbox.cfg.path
-        self.check_folders(inbox)
+        self._apply_folders(inbox, await asyncio.to_thread(self._look_at_folders, inbox.cfg))
         if not inbox.available or not inbox.readable:
             return
         if inbox.watch == "inotify" and not self.observers.alive(root):

@@ -55,14 +55,14 @@ class Intake:
         self.conditions = Conditions(log)
         self._state_ok = True
         self._next_state_check = 0.0
+        self._state_check: asyncio.Task | None = None
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
             _testing_stall()
             now = time.monotonic()
             self.loop_turned()
-            for inbox in self.inboxes:
-                self.inboxes.check_folders(inbox, force=False)
+            self.inboxes.start_folder_checks(now)
             self.inboxes.check_watches(now)
             self.inboxes.start_scans(now, self.cfg.rescan_seconds, self.cfg.poll_seconds,
                                      self.metrics.rescans.inc)
@@ -85,13 +85,18 @@ class Intake:
             self.inboxes.wake.clear()
 
     def _state_folder_ok(self, now: float) -> bool:
-        """The state folder is the one pinned (checked once a second): otherwise no
-        claim is made, whatever its journal would say."""
-        if now < self._next_state_check:
-            return self._state_ok
-        self._next_state_check = now + 1.0
+        """The state folder is the one pinned (looked at once a second, in a thread):
+        otherwise no claim is made, whatever its journal would say."""
+        if now >= self._next_state_check and \
+                (self._state_check is None or self._state_check.done()):
+            self._next_state_check = now + 1.0
+            self._state_check = asyncio.create_task(self._check_state_folder(),
+                                                    name="check-state-folder")
+        return self._state_ok
+
+    async def _check_state_folder(self) -> None:
         path = self.cfg.state_dir
-        why = self.inboxes.roots.get(path).problem()
+        why = await asyncio.to_thread(self.inboxes.roots.get(path).problem)
         if why is None:
             self.conditions.cleared("state_dir", "folder_back", folder="state_dir",
                                     path=str(path))
@@ -101,7 +106,6 @@ class Intake:
                                 hint="ocrd claims no file until the state folder is back "
                                 "as it was (or a restart)")
         self._state_ok = why is None
-        return self._state_ok
 
     def _spawn(self, coro) -> None:  # noqa: ANN001
         task = asyncio.create_task(coro, name="check")
@@ -116,6 +120,8 @@ class Intake:
     async def stop(self) -> None:
         self.stopping = True
         self.inboxes.wake.set()
+        if self._state_check is not None:
+            self._state_check.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import pages
+from . import outbox, pages
 from .claims import Claims, Item
 from .config import Config
 from .engines.base import Engine
@@ -44,7 +44,9 @@ class Parts:
         cfg = daemon.cfg
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
         slots = FairSlots(in_flight)
-        converter = Converter(cfg, engine, pools[0], slots, metrics=daemon.metrics,
+        # output names reserved on the share too, under this daemon's tag (outbox.py)
+        reservations = outbox.Reservations(state_folder.instance[:8])
+        converter = Converter(cfg, engine, pools[0], slots, reservations, daemon.metrics,
                               liveness=daemon.liveness,
                               previews=daemon.console.previews if daemon.console else None)
         parts: Parts

@@ -11,12 +11,16 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, files_under, make_pdf, sentence_lines, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
+from ocrd.outbox import Reservations, reservation_name, sweep_temporaries
+from ocrd.safefs import Dir
+
+pytestmark = [pytest.mark.reliability]
 
 HOSTS = 3
 FILES = 24
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("on_success", ["keep", "archive"])
 def test_three_daemons_on_one_inbox_convert_each_file_exactly_once(
         tmp_path: Path, on_success: str) -> None:
@@ -65,3 +69,26 @@ def test_three_daemons_on_one_inbox_convert_each_file_exactly_once(
     left = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in kept_or_archived.iterdir() if p.is_file()}
     assert left == {n: hashlib.sha256(b).hexdigest() for n, b in originals.items()}
+
+
+def test_two_hosts_converting_same_named_files_never_share_an_output_name(
+        tmp_path: Path) -> None:
+    """Host A converts scan.pdf while host B converts scan.png into the same shared
+    outbox: each process's own bookkeeping cannot see the other's, so the name is
+    reserved on the share; a crashed host's reservation is swept at its next start
+    (never another host's)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    host_a, host_b = Reservations("aaaaaaaa"), Reservations("bbbbbbbb")
+    with Dir.open_root(out) as folder:
+        first = host_a.choose(folder, "scan", "sha-pdf", "scan.pdf")
+        second = host_b.choose(folder, "scan", "sha-png", "scan.png")
+        assert (first, second) == ("scan", "scan-2")
+        host_a.release(folder, first)
+        host_b.release(folder, second)
+        assert files_under(out) == []  # nothing left behind
+        host_a.choose(folder, "report", "sha-1", "report.pdf")  # host A crashes here
+        assert host_b.choose(folder, "report", "sha-2", "report.png") == "report-2"
+        host_b.choose(folder, "memo", "sha-3", "memo.pdf")  # host B still at work
+    assert sweep_temporaries(out, "aaaaaaaa") == 1  # host A starts again
+    assert files_under(out) == [reservation_name("memo"), reservation_name("report-2")]
