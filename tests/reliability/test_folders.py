@@ -17,17 +17,10 @@ from pathlib import Path
 
 import pytest
 from helpers import Daemon, drop, files_under, free_port, make_pdf, sentence_lines, wait_for
+from test_inbox_attacks import secret_folder
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 
-SECRET = ["Confidential salary ledger", "Never leaves its folder"]
-
-
-def private_folder(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    private = tmp_path / "private"
-    private.mkdir()
-    make_pdf(private / "secret.pdf", [SECRET])
-    return private, {p.name: p.read_bytes() for p in private.iterdir()}
 
 
 def untouched(private: Path, before: dict[str, bytes]) -> bool:
@@ -49,7 +42,7 @@ def console_inboxes(port: int) -> list[dict]:
 
 
 def test_an_inbox_replaced_by_a_link_is_never_read(tmp_path: Path) -> None:
-    private, before = private_folder(tmp_path)
+    private, before = secret_folder(tmp_path)
     src = make_pdf(tmp_path / "a.pdf", [sentence_lines(1, 3)])
     port = free_port()
     with Daemon(tmp_path / "d", rescan_seconds=0.5, web={"listen": f"127.0.0.1:{port}"}) as d:
@@ -106,7 +99,7 @@ def test_an_inbox_replaced_by_another_folder_waits_for_a_reload(tmp_path: Path) 
 def test_a_reload_never_accepts_a_link(tmp_path: Path) -> None:
     """A reload pins what is there anew — but a link in a folder's place is never taken
     (links in a configured path are resolved once, when it enters the configuration)."""
-    private, before = private_folder(tmp_path)
+    private, before = secret_folder(tmp_path)
     root = tmp_path / "d"
     boxes = [{"path": str(root / name), "outbox": str(root / f"{name}-out"),
               "failed": str(root / f"{name}-failed"), "on_success": "delete",

@@ -11,7 +11,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import Daemon, claimed_files, drop, files_under, make_pdf, sentence_lines, wait_for
+from helpers import (
+    Daemon,
+    claimed_files,
+    drop,
+    files_under,
+    fill,
+    make_pdf,
+    sentence_lines,
+    wait_for,
+)
 from PIL import Image
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
@@ -116,13 +125,7 @@ def test_a_briefly_full_outbox_costs_no_searchable_pdf(tmp_path: Path, tiny_fs: 
            "pdf_text_layer": "add"}
     d = Daemon(tmp_path / "d", inboxes=[box], render={"dpi": 36},
                engine={"kind": "simulated", "simulated": {"instant": True}})
-    filler = tiny_fs / "filler.bin"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError:
-            pass
+    filler = fill(tiny_fs)
     os.truncate(filler, filler.stat().st_size - 32 * 1024)  # room for Markdown only
     with d:
         d.start()
