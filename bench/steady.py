@@ -222,10 +222,10 @@ def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
             cache[a.pages] = pdf_bytes(a.pages)
         return cache[a.pages]
 
-    d.start()
     watcher = Outbox(outbox, failed)
-    watcher.start()
     try:
+        d.start()
+        watcher.start()
         total = [0]
 
         def count_source(a: Arrival) -> bytes:
@@ -236,8 +236,10 @@ def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
                       args.latency_segment or args.segment,
                       lambda: wait_drained(watcher, lambda: total[0], 600))
     finally:
-        watcher.stop()
-        d.stop()
+        if watcher.is_alive():
+            watcher.stop()
+        d.stop(strict=False)
+        d.kill(group_left=True)
 
 
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
