@@ -231,7 +231,8 @@ class Daemon:
 
     async def _drain(self, parts: Parts) -> None:
         """No new claims; pages in flight finish within drain_timeout_seconds (0: stop
-        now); what is left stays claimed for the next start."""
+        now), unless the engine is unavailable (then none can: stop now); what is left
+        stays claimed for the next start."""
         scheduler = parts.scheduler
         log.info("draining", active=len(scheduler.active), queued=scheduler.queued)
         await parts.intake.stop()
@@ -244,8 +245,14 @@ class Daemon:
         if not self.force_exit and scheduler.active and timeout > 0:
             drain = asyncio.create_task(scheduler.drain(timeout))
             forced = asyncio.create_task(self._wait_forced())
-            await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
-            forced.cancel()
+            outage = asyncio.create_task(parts.converter.gate.closed.wait())
+            done, _ = await asyncio.wait({drain, forced, outage},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if outage in done and drain not in done:
+                log.info("drain_cut", why="the engine is unavailable: no page can finish",
+                         active=len(scheduler.active))
+            for task in (drain, forced, outage):
+                task.cancel()
         for task in list(scheduler.active):
             task.cancel()
         if scheduler.active:
