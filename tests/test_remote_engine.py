@@ -828,3 +828,61 @@ def test_a_200_answer_of_another_shape_is_the_server_s_error(
     assert len(bad.requests) >= 1
     assert isinstance(error, EngineUnavailable), error
     assert "unusable answer" in str(error)
+
+
+def _loop_start_by_definition(text: str) -> int | None:
+    """loop_start's contract, checked character by character: for each period p, the
+    longest tail with that period; the longest qualifying tail wins (ties: the shortest
+    period); the cut is after its first copy, moved to the next line break in the copy
+    after that."""
+    n, best_len, best_p = len(text), 0, 0
+    for p in range(1, min(_loops.MAX_LOOP_PERIOD_CHARS, n // _loops.MIN_LOOP_COPIES) + 1):
+        tail = p
+        while tail < n and text[n - 1 - tail] == text[n - 1 - tail + p]:
+            tail += 1
+        if (tail >= _loops.MIN_LOOP_COPIES * p and tail - p >= _loops.MIN_LOOP_CHARS
+                and tail > best_len):
+            best_len, best_p = tail, p
+    if not best_p:
+        return None
+    cut = n - best_len + best_p
+    newline = text.find("\n", cut, cut + best_p)
+    return newline + 1 if newline >= 0 else cut
+
+
+def test_loop_start_keeps_its_definition_on_random_texts() -> None:
+    import random
+
+    rnd = random.Random(5)
+    for _ in range(3000):
+        alphabet = rnd.choice(["ab", "abc", ".", "ab\n|", "xyz \n"])
+        head = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(60)))
+        unit = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 12)))
+        tail = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(4)))
+        text = head + unit * rnd.randrange(30) + tail
+        assert _loops.loop_start(text) == _loop_start_by_definition(text), repr(text)
+    dots = "Total " + "." * 130_000
+    assert _loops.trim_loop(dots) == "Total ."  # one copy of the repeated block kept
+
+
+def test_looking_for_loops_is_done_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """A page that never ends normally has its tries' loops looked for in a thread: a
+    long text must not hold up the event loop."""
+    import threading
+
+    threads: list[threading.Thread] = []
+    real = _loops.trim_loop
+
+    def trim(text: str) -> str:
+        threads.append(threading.current_thread())
+        return real(text)
+
+    monkeypatch.setattr(_loops, "trim_loop", trim)
+
+    async def attempt(settings: Any) -> _loops.Attempt:
+        return _loops.Attempt("Intro\n" + "." * 50_000, "length")
+
+    out = asyncio.run(_loops.convert_with_retries(attempt, config("http://x/v1")))
+    assert out.text == "Intro\n." and out.attempts == 2
+    assert threads and all(t is not threading.main_thread() for t in threads)
