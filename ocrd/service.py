@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import gc
 import signal
 import sys
 import time
@@ -136,6 +137,11 @@ class Daemon:
             parts.submit(resume.item, resume.exclusive)
         if self.should_exit:
             return
+        # What start made (modules, settings, the engine) lives as long as the daemon:
+        # out of the collector's way, a full collection walks only what pages make, and
+        # does not hold up the event loop for the whole heap.
+        gc.collect()
+        gc.freeze()
         self.liveness.loop_turned()
         self.ready = True
         self.notifier.send("READY=1", f"STATUS=ready; watching {len(parts.inboxes)} inbox(es)")

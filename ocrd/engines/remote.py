@@ -58,6 +58,9 @@ CONFIG_STATUS = frozenset({401, 403, 404})
 # escapes take six bytes a character at most). A longer answer is the server's error.
 ANSWER_BASE_BYTES = 64 * 1024
 ANSWER_BYTES_PER_TOKEN = 256
+# An answer up to this long is parsed at once (a fraction of a millisecond), a longer
+# one in a thread.
+INLINE_PARSE_BYTES = 64 * 1024
 # A server whose request timed out is asked for a one-token page (the canary) within
 # this long (or engine.request_timeout_seconds, if shorter): the answer tells a sick
 # server from a page that takes too long.
@@ -485,8 +488,8 @@ class RemoteEngine(Engine):
 
     async def _exchange(self, server: _Server, path: str, body: bytes,
                         parse: Callable[[bytes], T]) -> T:
-        """One request to `server` and its answer, parsed in a thread (a long answer
-        takes a while). Raises what went wrong: ServerTrouble, TimeoutError, _Refused."""
+        """One request to `server` and its answer, parsed (a long one in a thread).
+        Raises what went wrong: ServerTrouble, TimeoutError, _Refused."""
         try:
             resp = await self._send(server, path, body)
         finally:
@@ -495,6 +498,8 @@ class RemoteEngine(Engine):
             self._slot_freed.set()
         if resp.status != 200:
             raise _Refused(resp)
+        if len(resp.body) <= INLINE_PARSE_BYTES:
+            return parse(resp.body)
         return await asyncio.to_thread(parse, resp.body)
 
     async def _post(self, path: str, body: bytes,
