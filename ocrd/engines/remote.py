@@ -535,6 +535,10 @@ class RemoteEngine(Engine):
         raise EngineUnavailable("no OCR server took the page after "
                                 f"{tries} tries: " + "; ".join(errors[-len(self.servers):]))
 
+    def has_well_server(self) -> bool:
+        """Whether a server is not sick (down for a moment or not)."""
+        return any(s.sick is None for s in self.servers)
+
     def _any_up(self) -> bool:
         now = time.monotonic()
         return any(not s.is_down(now) and s.sick is None for s in self.servers)
