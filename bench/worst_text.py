@@ -44,9 +44,10 @@ def answer_limit() -> int:
 
 
 def dot_leaders() -> str:
-    """A table of contents at 8,192 tokens: lines of dot leaders, ~130,000 dots."""
-    lines = [f"{k}. Section {k} {'.' * 120} {k * 3}" for k in range(1, 1100)]
-    return "\n".join(lines)
+    """A table of contents that ran out of its 8,192 tokens in a leader: 40 lines of
+    dot leaders, then dots to 130,000 in all."""
+    lines = [f"{k}. Section {k} {'.' * 120} {k * 3}" for k in range(1, 41)]
+    return "Contents\n" + "\n".join(lines) + "\n41. Index " + "." * (130_000 - 40 * 120)
 
 
 def case_answer(name: str) -> tuple[Any, str] | None:
