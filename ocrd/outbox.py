@@ -306,15 +306,23 @@ class Reservations:
         raise AssertionError("unreachable")
 
     def _reserve(self, folder: Dir, base: str) -> bool:
-        """The name for this writer alone, also among other hosts on a share."""
+        """The name for this writer alone, also among other hosts on a share. Called
+        under the lock, for a name this process does not hold: a reservation of this
+        tag found there is a leftover of this daemon's own (a write that failed), and
+        taken over."""
         if self.tag is None:
             return True
+        name = reservation_name(base)
         try:
-            fd = folder.create(reservation_name(base), 0o600)
+            fd = folder.create(name, 0o600)
         except FileExistsError:
-            return False  # another writer's now (or a crashed one's: see sweep)
+            return _reserved_by(folder, name) == self.tag.encode()
         try:
             os.write(fd, self.tag.encode())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                folder.unlink(name)
+            raise
         finally:
             os.close(fd)
         return True
