@@ -1,12 +1,16 @@
 """The console's benchmarks: its lists and API over a journal of 100,000 rows, the
-throughput a daemon keeps while browsers and a script poll its console, and what page
-previews cost (time, bytes per page) and whether their byte limit holds."""
+throughput a daemon keeps while browsers and a script poll its console — or while a
+crowd of connections that send nothing sits on it — and what page previews cost (time,
+bytes per page) and whether their byte limit holds."""
 
 from __future__ import annotations
 
 import http.client
 import os
 import random
+import resource
+import selectors
+import socket
 import sqlite3
 import statistics
 import threading
@@ -162,21 +166,91 @@ class Poller:
             t.join(10)
 
 
+class IdleCrowd:
+    """`n` connections to the console that send nothing, each opened again `again`
+    seconds after the server closes it (a client that insists), from a thread of this
+    process."""
+
+    def __init__(self, port: int, n: int, again: float = 1.0) -> None:
+        self.port, self.n, self.again = port, n, again
+        self.opened = self.closed_by_server = self.refused = 0
+        self.most_open = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self, sel: selectors.BaseSelector) -> None:
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", self.port))
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.refused += 1
+            s.close()
+            return
+        sel.register(s, selectors.EVENT_READ)
+        self.opened += 1
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        due: list[float] = []
+        for _ in range(self.n):
+            self._open(sel)
+        while not self._stop.is_set():
+            self.most_open = max(self.most_open, len(sel.get_map()))
+            for key, _ in sel.select(timeout=0.1):
+                sel.unregister(key.fileobj)
+                key.fileobj.close()  # the server closed it (or refused it at once)
+                self.closed_by_server += 1
+                due.append(time.monotonic() + self.again)
+            now = time.monotonic()
+            while due and due[0] <= now:
+                due.pop(0)
+                self._open(sel)
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+        sel.close()
+
+    def __enter__(self) -> IdleCrowd:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < self.n + 256:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, self.n + 1024), hard))
+        self._thread.start()
+        wait_for(lambda: self.opened >= self.n, 60, f"{self.n} connections opened")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def facts(self) -> dict:
+        return {"connections": self.n, "opened": self.opened,
+                "closed_by_server": self.closed_by_server, "refused": self.refused,
+                "most_open_at_once": self.most_open}
+
+
 def _convert(root: Path, docs: list[Doc], web: dict, poll: bool = False,
-             watch: Path | None = None, engine: dict | None = None) -> dict:
+             watch: Path | None = None, engine: dict | None = None,
+             crowd: int = 0, nofile: str | None = None) -> dict:
     """Drop the documents at once into a fresh daemon; pages/s from the first byte to
-    the last Markdown file. `watch`: a folder whose size is sampled meanwhile."""
+    the last Markdown file. `watch`: a folder whose size is sampled meanwhile; `crowd`:
+    idle connections held on the console meanwhile; `nofile`: the daemon's descriptor
+    limit (soft:hard, prlimit)."""
     port = _free_port()
     cfg = daemon_config(root, engine or SIMULATED)
     cfg["web"] = {"listen": f"127.0.0.1:{port}", **web}
     sizes: list[int] = []
-    with DaemonProcess(root, cfg).start() as d:
+    prefix = ["prlimit", f"--nofile={nofile}"] if nofile else None
+    idle = IdleCrowd(port, crowd) if crowd else None
+    with DaemonProcess(root, cfg, prefix=prefix).start() as d:
         sampler = _Sampler(watch, sizes) if watch is not None else None
-        with Poller(port) if poll else _Nothing() as poller:
+        with Poller(port) if poll else _Nothing() as poller, idle or _Nothing():
             t0 = time.time()
             for doc in docs:
                 drop_file(d.inbox / doc.name, doc.data)
             done = d.wait_markdown(len(docs), 60 + 3 * sum(x.pages for x in docs))
+        log_text = d.log_text()
         if sampler is not None:
             wait_for(lambda: sampler.settled(), 60, "previews written")
             sampler.stop()
@@ -187,6 +261,10 @@ def _convert(root: Path, docs: list[Doc], web: dict, poll: bool = False,
         out.update(requests=poller.requests, request_errors=poller.errors)
     if sizes:
         out.update(max_bytes_seen=max(sizes), final_bytes=sizes[-1])
+    if idle is not None:
+        out.update(crowd=idle.facts(),
+                   accept_failures_logged=log_text.count("socket.accept() out of system"),
+                   log_lines=log_text.count("\n"))
     return out
 
 
@@ -265,6 +343,27 @@ def console_polling(quick: bool) -> list[Result]:
                    {"idle": idle, "polled": polled})]
 
 
+IDLE_CONNECTIONS = 1100
+# systemd's default soft limit, here the hard one too: raising it cannot help
+CROWD_NOFILE = "1024:1024"
+
+
+def console_idle_crowd(quick: bool) -> list[Result]:
+    """Converting while 1,100 connections that send nothing sit on the console (each
+    opened again a second after the server closes it) ÷ the same with the console idle;
+    the daemon may hold 1,024 descriptors in both (simulated engine, best of the
+    alternating runs)."""
+    docs = saturation_docs(quick)
+    idle, crowded = _alternating(
+        "crowd", docs, 2 if quick else 3, {"web": {}, "nofile": CROWD_NOFILE},
+        {"web": {}, "nofile": CROWD_NOFILE, "crowd": IDLE_CONNECTIONS})
+    best_idle = max(r["pages_per_s"] for r in idle)
+    best_crowded = max(r["pages_per_s"] for r in crowded)
+    return [Result("console_1100_idle_connections_vs_idle_throughput",
+                   best_crowded / best_idle, 0.95, ">=", {"idle": idle, "crowded": crowded,
+                                                          "nofile": CROWD_NOFILE})]
+
+
 def _render_cost(docs: list[Doc], rounds: int = 3) -> dict:
     """Seconds per page of pages.render_page and of render_with_preview, in this process,
     page by page in turns (the best of `rounds` for each page and each side)."""
@@ -340,5 +439,6 @@ def previews(quick: bool) -> list[Result]:
 CONSOLE_CASES = {
     "console_queries": console_queries,
     "console_polling": console_polling,
+    "console_idle_crowd": console_idle_crowd,
     "previews": previews,
 }

@@ -273,8 +273,8 @@ class DaemonProcess(SharedDaemon):
     its JSON log goes to root/daemon.log. A daemon that does not stop in time is killed
     without complaint: the benchmark has measured what it came for."""
 
-    def __init__(self, root: Path, config: dict) -> None:
-        super().__init__(root, config, cwd=ROOT)
+    def __init__(self, root: Path, config: dict, prefix: list[str] | None = None) -> None:
+        super().__init__(root, config, cwd=ROOT, prefix=prefix)
         self.inbox = Path(config["inboxes"][0]["path"])
         self.outbox = Path(config["inboxes"][0]["outbox"])
         self.failed = Path(config["inboxes"][0]["failed"])

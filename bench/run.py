@@ -99,6 +99,12 @@ def summary(r: Result) -> str:
                 f"{d['best_per_s']['old']} pages/s, {d['median_cpu_ms']['aiohttp']} vs "
                 f"{d['median_cpu_ms']['old']} client CPU ms a page (server "
                 f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
+    if r.name.startswith("console_1100_idle"):
+        idle = max(x["pages_per_s"] for x in d["idle"])
+        crowd = max(d["crowded"], key=lambda x: x["pages_per_s"])
+        return (f"{crowd['pages_per_s']:.2f} pages/s with {crowd['crowd']['connections']} "
+                f"idle connections vs {idle:.2f} idle, descriptors {d['nofile']}, "
+                f"{crowd['crowd']['closed_by_server']} connections closed by the console")
     if r.name.startswith("worst_text_"):
         return (f"loop blocked {d['blocked_ms']} ms at most (rounds {d['rounds_blocked_ms']}"
                 f", idle noise {d['rounds_idle_noise_ms']}), {d['answer_chars']:,} chars, "

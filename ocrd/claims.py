@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from . import errors, outbox, safefs
+from . import kept as kept_marks
 from .inboxes import Inbox, remove_empty
 from .journal import Journal
 from .pages import DocInfo
@@ -41,8 +42,10 @@ class Item:
     relpath: str  # the file's path in its inbox ("sub/scan.pdf")
     claim: tuple[str, ...]  # its folders below .ocrd-work: (instance, job id, *subfolders)
     info: DocInfo | None = None
-    claimed_at: float = 0.0
+    claimed_at: float = 0.0  # time.time(): the sidecar's claimed_at
+    claimed_mono: float = 0.0  # time.monotonic() of a claim in this run: its duration
     retries: int = 0  # destination failures so far (backoff)
+    own_failures: int = 0  # of those, failures of this file alone (then plain names)
     stage: str = "convert"  # convert | dispose (outputs written, the original is left)
     output: str = ""  # the Markdown written (stage dispose)
     error: errors.OcrdError | None = None  # fail it instead of converting
@@ -126,6 +129,17 @@ class Claims:
                     dest.rename(item.name, folder, item.name)
                     _remove_job_folder(work, item.claim[1:])
                     return False
+                if inbox.cfg.on_success == "keep" and _kept_by_another(inbox, item, dest):
+                    try:
+                        dest.rename(item.name, folder, item.name)
+                    except OSError as e:  # its name taken meanwhile: convert it after all
+                        log.warning("claim_kept", file=item.relpath, error=str(e))
+                        return True
+                    log.info("claim_undone", file=item.relpath,
+                             why="another daemon on the share converted it and put it "
+                             "back (on_success: keep)")
+                    _remove_job_folder(work, item.claim[1:])
+                    return False
         return True
 
     def _compare(self, item: Item, entry: Entry, checked: os.stat_result | None) -> None:
@@ -167,6 +181,21 @@ def _in_place(inbox: Inbox, folders: tuple[str, ...], folder: safefs.Dir) -> boo
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _kept_by_another(inbox: Inbox, item: Item, claimed: safefs.Dir) -> bool:
+    """The file just claimed is an original that a daemon on the share converted and
+    put back (its mark is written before the original reappears: after a claim that
+    won the rename, the mark is there if it ever will be)."""
+    try:
+        st = claimed.lstat(item.name)
+        with inbox.open_root() as root:
+            done = kept_marks.marked(root, item.relpath, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return False
+    if done:
+        inbox.kept.add((item.relpath, st.st_size, st.st_mtime_ns))
+    return done
 
 
 def _remove_job_folder(work: safefs.Dir, parts: tuple[str, ...]) -> None:

@@ -15,7 +15,7 @@ from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, load_config, parse_config
 from .errors import ExitCode, OcrdError, exit_code_for
 from .layout import check_folders
-from .names import shown
+from .names import printable, shown
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "retry":
             return cmd_retry(args)
     except ConfigError as e:
-        print(f"ocrd: configuration error: {e}", file=sys.stderr)
+        print(f"ocrd: configuration error: {printable(str(e))}", file=sys.stderr)
         return ExitCode.USAGE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
@@ -140,7 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     load_token(cfg.web)  # a token file that is set must be readable and long enough
     problems = check_folders(cfg) + _check_secrets_and_listen(cfg)
     for problem in problems:
-        print(f"ocrd: {problem}", file=sys.stderr)
+        print(f"ocrd: {printable(problem)}", file=sys.stderr)
     if problems:
         return ExitCode.USAGE
     from .engines import choose_kind, with_profile
@@ -149,7 +149,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if kind == "vllm":
         vllm = with_profile(cfg.engine).vllm  # ConfigError: a key the layout cannot take
         why += f"; vLLM {vllm.mode}, profile {cfg.engine.vllm.profile}"
-    print(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
+    print(printable(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})"))
     return ExitCode.OK
 
 
@@ -157,8 +157,9 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
     problems = []
     name = cfg.engine.api_key_credential
     if name is not None and credentials.credential_path(name) is None:
-        print(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
-              "$CREDENTIALS_DIRECTORY, which only the service has; not checked here")
+        print(printable(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
+                        "$CREDENTIALS_DIRECTORY, which only the service has; not checked "
+                        "here"))
     else:
         try:
             credentials.api_key(cfg.engine)
@@ -192,10 +193,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     found = configfile.find(args.config)
     cfg = configfile.load(found)
     if not args.json:
-        print(f"config: {found}")
+        print(printable(f"config: {found}"))
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
-        print(f"no journal at {path}: the daemon has not run with this config yet")
+        print(printable(f"no journal at {path}: the daemon has not run with this config "
+                        "yet"))
         return ExitCode.OK
     journal = Journal(path, readonly=True)
     counts = journal.counts()
@@ -218,13 +220,16 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{live.get('queue', 0):.0f}, converting {live.get('active', 0):.0f} file(s), "
               f"{live.get('in_flight', 0):.0f} page(s) in flight, "
               f"{live.get('pages_ok', 0):.0f} pages done since start")
+        for paused in live.get("paused_inboxes", []):
+            print(printable(f"inbox {paused['inbox']}: PAUSED, {paused['why']}"))
     order = ["claimed", "converting", "finishing", "done", "failed"]
     print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
     if failures:
         print("recent failures:")
         for j in failures:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.finished or 0))
-            print(f"  {when}  {shown(j.relpath)}  [{j.reason}] {j.message}")
+            print(f"  {when}  {printable(j.relpath)}  [{printable(j.reason or '')}] "
+                  f"{printable(j.message or '')}")
     return ExitCode.OK
 
 
@@ -237,7 +242,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
     log.setup("warning", cfg.log.format)  # one line per file below says what happened
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
-        print(f"ocrd: no journal at {path}: nothing has failed yet", file=sys.stderr)
+        print(printable(f"ocrd: no journal at {path}: nothing has failed yet"),
+              file=sys.stderr)
         return ExitCode.USAGE
     journal = Journal(path)
     try:
@@ -253,9 +259,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
                 dest = retry_job(cfg, journal, job)
             except RetryError as e:
                 problems += 1
-                print(f"ocrd: {e}", file=sys.stderr)
+                print(f"ocrd: {printable(str(e))}", file=sys.stderr)
                 continue
-            print(f"{shown(job.relpath)} [{job.reason}] → {shown(str(dest))}")
+            print(f"{printable(job.relpath)} [{printable(job.reason or '')}] → "
+                  f"{printable(str(dest))}")
     finally:
         journal.close()
     return 1 if problems else ExitCode.OK

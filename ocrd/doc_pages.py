@@ -68,9 +68,9 @@ class DocumentPages:
         memory = budget.Reservation(conv.memory)
         try:
             await memory.reserve(self.guess)
-            t = time.time()
+            t = time.monotonic()
             rendered = await self._render(i, first=True)
-            render_s = time.time() - t
+            render_s = time.monotonic() - t
             self.guess = conv.resolution.cost(rendered.mode, rendered.width * rendered.height)
             await memory.settle(self.guess)
             if conv.previews is not None:

@@ -6,6 +6,7 @@ a sentence for a human, and the exit code `ocrd convert` uses for that class of 
 
 from __future__ import annotations
 
+import errno
 from enum import IntEnum
 
 
@@ -107,6 +108,31 @@ class EngineUnavailable(Exception):
 class EngineDead(Exception):
     """The engine is gone for good in this process (vLLM's EngineDeadError). The daemon
     leaves pages claimed and exits non-zero so that systemd restarts it."""
+
+
+# errno values that say the daemon or the machine is short of something — descriptors,
+# memory, disk space — never that a file is bad: the work waits and resumes.
+SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT})
+# the part of SHORTAGE that is the daemon's own (not a destination's disk)
+DAEMON_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+# errno values that say a destination as a whole cannot take files now (full,
+# read-only, unmounted, refusing) or the daemon is short of something: "not now", never
+# "not this file". Every output of a file meets them alike: the file waits.
+NOT_NOW = SHORTAGE | {
+    errno.EROFS, errno.EIO, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ESTALE,
+    errno.ENOTCONN, errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.EHOSTDOWN,
+    errno.ENODEV, errno.ENXIO}
+
+
+def not_now(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in NOT_NOW
+
+
+def shortage(e: BaseException) -> bool:
+    """An OSError that means "not now", not "not this file"."""
+    return isinstance(e, OSError) and e.errno in SHORTAGE
 
 
 def exit_code_for(errors: list[OcrdError]) -> ExitCode:

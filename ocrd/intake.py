@@ -21,6 +21,7 @@ import structlog
 
 from . import errors, pages, readiness, safefs
 from .claims import Claims, Item
+from .conditions import Conditions
 from .config import Config
 from .inboxes import Inbox, Inboxes
 from .journal import JournalUnwritable
@@ -51,29 +52,60 @@ class Intake:
         self._tasks: set[asyncio.Task] = set()
         self.journal_paused_until = 0.0
         self._journal_backoff = 0.0
+        self.conditions = Conditions(log)
+        self._state_ok = True
+        self._next_state_check = 0.0
+        self._state_check: asyncio.Task | None = None
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
             _testing_stall()
             now = time.monotonic()
             self.loop_turned()
-            for inbox in self.inboxes.due_scans(now, self.cfg.rescan_seconds,
-                                                self.cfg.poll_seconds):
-                await self.inboxes.scan(inbox, self.metrics.rescans.inc)
+            self.inboxes.start_folder_checks(now)
+            self.inboxes.check_watches(now)
+            self.inboxes.start_scans(now, self.cfg.rescan_seconds, self.cfg.poll_seconds,
+                                     self.metrics.rescans.inc)
             self.inboxes.apply_hints()
-            if self.engine_open.is_set() and now >= self.journal_paused_until:
+            if self.engine_open.is_set() and now >= self.journal_paused_until and \
+                    self._state_folder_ok(now):
                 for inbox in self.inboxes:
                     if inbox.taking_files(now):
                         for cand in inbox.tracker.due():
                             cand.busy = True
                             self._spawn(self.check(inbox, cand))
             self.metrics.candidates.set(sum(len(i.tracker) for i in self.inboxes))
+            self.metrics.set_paused({str(i.path): why for i in self.inboxes
+                                     if (why := i.paused_why) is not None})
             self.metrics.queue_depth.set(queue_depth())
             self.metrics.active_files.set(active())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.inboxes.next_wait(time.monotonic())):
                     await self.inboxes.wake.wait()
             self.inboxes.wake.clear()
+
+    def _state_folder_ok(self, now: float) -> bool:
+        """The state folder is the one pinned (looked at once a second, in a thread):
+        otherwise no claim is made, whatever its journal would say."""
+        if now >= self._next_state_check and \
+                (self._state_check is None or self._state_check.done()):
+            self._next_state_check = now + 1.0
+            self._state_check = asyncio.create_task(self._check_state_folder(),
+                                                    name="check-state-folder")
+        return self._state_ok
+
+    async def _check_state_folder(self) -> None:
+        path = self.cfg.state_dir
+        why = await asyncio.to_thread(self.inboxes.roots.get(path).problem)
+        if why is None:
+            self.conditions.cleared("state_dir", "folder_back", folder="state_dir",
+                                    path=str(path))
+        else:
+            self.conditions.met("state_dir", "folder_replaced", level="error",
+                                folder="state_dir", path=str(path), why=why,
+                                hint="ocrd claims no file until the state folder is back "
+                                "as it was (or a restart)")
+        self._state_ok = why is None
 
     def _spawn(self, coro) -> None:  # noqa: ANN001
         task = asyncio.create_task(coro, name="check")
@@ -88,6 +120,8 @@ class Intake:
     async def stop(self) -> None:
         self.stopping = True
         self.inboxes.wake.set()
+        if self._state_check is not None:
+            self._state_check.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -101,9 +135,22 @@ class Intake:
                 if self.stopping or inbox.removed:
                     return
                 await self._check(inbox, cand)
+            for key in self.conditions.open_keys():
+                if key != "state_dir":
+                    self.conditions.cleared(key, "resources_back")
         except JournalUnwritable as e:
             self._state_unwritable(e)
             cand.next_check = self.journal_paused_until  # nothing wrong with the file
+        except OSError as e:
+            if not errors.shortage(e):
+                raise
+            # Nothing wrong with the file either: look again later.
+            self.conditions.met(("short", e.errno), "resources_short", level="error",
+                                at="checking files", error=e.strerror or str(e),
+                                hint="ocrd has no file descriptor, memory or disk space "
+                                "to spare; files wait, nothing is failed")
+            inbox.tracker.recheck_later(cand)
+            return
         except Exception:  # noqa: BLE001 - a bug must not leave the file unreported
             log.exception("check_failed", file=cand.entry.relpath)
             inbox.tracker.recheck_later(cand)
@@ -115,16 +162,20 @@ class Intake:
         dirs, name = safefs.split(entry.relpath)
         try:
             root = inbox.open_root()
-        except OSError:
+        except OSError as e:
+            if errors.shortage(e):
+                raise
             return  # the inbox is gone for now; the next scan says so
         with root:
             try:
                 folder = root.walk(dirs)
-            except OSError:
+            except OSError as e:
+                if errors.shortage(e):
+                    raise
                 inbox.tracker.forget(entry.relpath)  # its folder is gone or a link now
                 return
             with folder:
-                probe, checked = await self._probe(inbox, folder, entry)
+                probe, checked = await self._probe(folder, entry)
                 try:
                     now_entry = entry_for(entry.path, entry.relpath, folder.lstat(name))
                 except OSError:
@@ -133,10 +184,11 @@ class Intake:
                                             inbox.cfg.incomplete_seconds, time.monotonic())
                 await self._act(inbox, cand, folder, decision, checked)
 
-    async def _probe(self, inbox: Inbox, folder: safefs.Dir, entry: Entry
+    async def _probe(self, folder: safefs.Dir, entry: Entry
                      ) -> tuple[readiness.Probe | None, os.stat_result | None]:
         """The completeness check of the file ocrd opened (not of whatever the path
-        names by the time a worker looks). None for an entry that is not a regular file."""
+        names by the time a worker looks). None for an entry that is not a regular file.
+        An OSError of a shortage (errors.SHORTAGE) is raised: not the file's fault."""
         if not entry.regular:
             return None, None
         name = entry.relpath.rsplit("/", 1)[-1]
@@ -147,7 +199,9 @@ class Intake:
         except PermissionError:
             return errors.Unreadable("ocrd has no permission to read the file (check its "
                                      "owner and mode)"), None
-        except OSError:
+        except OSError as e:
+            if errors.shortage(e):
+                raise
             return None, None  # no longer a regular file: readiness looks again
         try:
             checked = os.fstat(fd)
@@ -182,6 +236,9 @@ class Intake:
                 errors.NotRegularFile("not a regular file (a symbolic link, FIFO, socket or "
                                       "device); ocrd never follows links out of an inbox — "
                                       "copy the document itself into the inbox")
+            if entry.regular and self.inboxes.is_kept(inbox, entry):
+                inbox.tracker.forget(entry.relpath)  # put back since it was seen
+                return
             try:
                 item = self.claims.claim(inbox, folder, entry, checked, info, error)
             except JournalUnwritable:
@@ -195,7 +252,7 @@ class Intake:
             self._journal_backoff = 0.0
             inbox.tracker.forget(entry.relpath)
             if item is not None:
-                item.claimed_at = time.time()
+                item.claimed_at, item.claimed_mono = time.time(), time.monotonic()
                 self.submit(item)
 
     def _state_unwritable(self, e: JournalUnwritable) -> None:

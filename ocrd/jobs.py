@@ -23,6 +23,7 @@ from .journal import Journal, JournalUnwritable
 from .outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
 from .pdfout import PdfSettings
 from .pipeline import Converter, Source
+from .roots import RootChanged
 
 log = structlog.get_logger("ocrd.jobs")
 
@@ -54,6 +55,10 @@ class Jobs:
         except errors.OcrdError as e:
             await self.outcomes.fail(item, e)
             return
+        except OSError as e:  # no descriptor to spare, the inbox unreachable …
+            self._requeue(item)
+            self.outcomes.destination_failed(item, e, "work area")
+            return
         try:
             written = await self._convert(item, fd)
         finally:
@@ -72,6 +77,8 @@ class Jobs:
             raise errors.Unreadable("the claimed file disappeared from the work area",
                                     reason="vanished") from None
         except OSError as e:
+            if errors.shortage(e) or isinstance(e, RootChanged):
+                raise  # the daemon's trouble (or its inbox's), not the file's: it waits
             if e.errno in (errno.ELOOP, errno.EINVAL):
                 raise errors.NotRegularFile(
                     "the claimed file in the work area was replaced by a link or special "
@@ -81,7 +88,7 @@ class Jobs:
 
     async def _convert(self, item: Item, fd: int):  # noqa: ANN202 - Written | None
         inbox = item.inbox
-        plain = item.retries >= OWN_FAILURE_TRIES
+        plain = item.own_failures >= OWN_FAILURE_TRIES
         src = Source(fd, item.relpath, inbox=str(inbox.path), prompt_mode=inbox.cfg.prompt,
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
@@ -93,7 +100,7 @@ class Jobs:
         src.order = item.order
         folders = tuple(map(plain_name, item.folders)) if plain else item.folders
         try:
-            with safefs.Dir.open_root(inbox.cfg.outbox, create=True) as root:
+            with inbox.open_destination(inbox.cfg.outbox) as root:
                 out_dir, _used = outbox.mirror(root, folders, inbox.perms)
                 with out_dir:
                     return await self.converter.convert(src, out_dir, inbox.perms)
@@ -108,8 +115,9 @@ class Jobs:
             item.sha256, item.info = src.sha256, src.info
             await self.outcomes.fail(item, e)
         except OSError as e:
-            # The destination is full, read-only or gone: not the file's fault. Keep it
-            # claimed and try again later.
+            # The destination is full, read-only or gone, or the daemon is short of
+            # descriptors or memory: not the file's fault. Keep it claimed and try again
+            # later.
             self._requeue(item)
             self.outcomes.destination_failed(item, e, "outbox")
         except Exception as e:  # noqa: BLE001 - one file must never take the daemon down

@@ -78,6 +78,19 @@ class Metrics:
                                     "be written (the Markdown was)", registry=r)
         self.build = Info("ocrd_build", "Version and engine", registry=r)
         self.build.info({"version": __version__})
+        self.inbox_paused = Gauge("ocrd_inbox_paused", "1 for an inbox that takes no files "
+                                  "now, with why (one line for people)", ["inbox", "why"],
+                                  registry=r)
+        self._paused: dict[str, str] = {}
+
+    def set_paused(self, paused: dict[str, str]) -> None:
+        """The inboxes that take no files now ({inbox path: why})."""
+        if paused == self._paused:
+            return
+        self.inbox_paused.clear()
+        for inbox, why in paused.items():
+            self.inbox_paused.labels(inbox, why).set(1)
+        self._paused = dict(paused)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

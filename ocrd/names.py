@@ -4,6 +4,9 @@ Such a str cannot be encoded as UTF-8 — not into SQLite, a JSON file, a Markdo
 or a log line — so every place a name leaves Python goes through here.
 
 - `shown(name)`: a readable, valid-UTF-8 form for logs and people (`bad\\xff.pdf`).
+- `printable(text)`: what a terminal or a page shows: `shown`, and control characters
+  (ESC, BEL, newlines, the bidirectional overrides …) escaped, so that a name can
+  neither drive a terminal nor forge a line of output.
 - `to_db(name)` / `from_db(value)`: stored as TEXT when it is UTF-8 (readable with the
   sqlite3 shell, and what older journals hold), as a BLOB of its bytes when not.
 - `json_bytes(obj)`: JSON text, valid UTF-8, where a name's undecodable bytes become
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from typing import Any
 
 
@@ -39,6 +43,33 @@ def shown(name: str) -> str:
     if utf8(name):
         return name
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Format characters that reorder or hide text (bidirectional embeddings, overrides and
+# isolates): "invoice\u202efdp.exe" shows as "invoiceexe.pdf".
+_BIDI = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
+
+
+def _escaped(ch: str) -> str:
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}"
+
+
+def _control(ch: str) -> bool:
+    return unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ord(ch) in _BIDI
+
+
+def printable(text: str) -> str:
+    """`shown(text)` with control characters escaped (`scan\\x1b[2J.pdf`, `a\\nb.pdf`)."""
+    text = shown(text)
+    if text.isprintable():
+        return text
+    return "".join(_escaped(ch) if _control(ch) else ch for ch in text)
 
 
 def to_db(name: str) -> str | bytes:

@@ -265,11 +265,22 @@ def write_error(folder: Dir, failed_name: str, data: bytes, perms: Perms) -> str
     raise AssertionError("unreachable")
 
 
-class Reservations:
-    """Output names being written by this process right now, so that `a.pdf` and
-    `a.png` converted at the same time do not both become `a.md`."""
+RESERVED_PREFIX = f"{TMP_PREFIX}reserved-"
 
-    def __init__(self) -> None:
+
+def reservation_name(base: str) -> str:
+    return fit_name(RESERVED_PREFIX + base, "")
+
+
+class Reservations:
+    """Output names being written right now, so that `a.pdf` and `a.png` converted at
+    the same time do not both become `a.md` — in this process (a set), and, given the
+    daemon's `tag`, among the hosts that write to a shared outbox (a file
+    `.ocrd-tmp-reserved-BASE` made with O_EXCL beside the outputs, holding the tag,
+    removed once the outputs are written; a crashed daemon's are swept at its start)."""
+
+    def __init__(self, tag: str | None = None) -> None:
+        self.tag = tag
         self._lock = threading.Lock()
         self._taken: set[tuple[int, int, str]] = set()
 
@@ -289,13 +300,38 @@ class Reservations:
                 if key in self._taken:
                     continue
                 if _free_or_same(folder, candidate, None if same_path_replaces else sha256,
-                                 source, suffixes):
+                                 source, suffixes) and self._reserve(folder, candidate):
                     self._taken.add(key)
                     return candidate
         raise AssertionError("unreachable")
 
+    def _reserve(self, folder: Dir, base: str) -> bool:
+        """The name for this writer alone, also among other hosts on a share. Called
+        under the lock, for a name this process does not hold: a reservation of this
+        tag found there is a leftover of this daemon's own (a write that failed), and
+        taken over."""
+        if self.tag is None:
+            return True
+        name = reservation_name(base)
+        try:
+            fd = folder.create(name, 0o600)
+        except FileExistsError:
+            return _reserved_by(folder, name) == self.tag.encode()
+        try:
+            os.write(fd, self.tag.encode())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                folder.unlink(name)
+            raise
+        finally:
+            os.close(fd)
+        return True
+
     def release(self, folder: Dir, base: str) -> None:
         st = os.fstat(folder.fd)
+        if self.tag is not None:
+            with contextlib.suppress(OSError):
+                folder.unlink(reservation_name(base))
         with self._lock:
             self._taken.discard((st.st_dev, st.st_ino, base))
 
@@ -325,12 +361,20 @@ def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str,
     return src.get("path") == source and (sha256 is None or src.get("sha256") == sha256)
 
 
-def sweep_temporaries(root: Path, tag: str) -> int:
+def _reserved_by(folder: Dir, name: str) -> bytes | None:
+    try:
+        return folder.read_file(name, limit=256)
+    except OSError:
+        return None
+
+
+def sweep_temporaries(root: Path, tag: str, open_root: Callable[[], Dir] | None = None
+                      ) -> int:
     """Remove this daemon's temporary files and folders under root (left by a crash),
-    never entering a link."""
+    never entering a link. `open_root`: how the daemon opens that folder (pinned)."""
     prefix = f"{TMP_PREFIX}{tag}-"
     try:
-        top = Dir.open_root(root)
+        top = open_root() if open_root is not None else Dir.open_root(root)
     except OSError:
         return 0
     with top:
@@ -339,11 +383,17 @@ def sweep_temporaries(root: Path, tag: str) -> int:
 
 def _sweep(folder: Dir, prefix: str) -> int:
     removed = 0
+    tag = prefix.removeprefix(TMP_PREFIX).removesuffix("-").encode()
     for entry in list(folder.entries()):
         is_dir = entry.is_dir(follow_symlinks=False)
         if entry.name.startswith(prefix):
             with contextlib.suppress(OSError):
                 folder.remove_tree(entry.name) if is_dir else folder.unlink(entry.name)
+            removed += 1
+        elif entry.name.startswith(RESERVED_PREFIX) and not is_dir and \
+                _reserved_by(folder, entry.name) == tag:
+            with contextlib.suppress(OSError):
+                folder.unlink(entry.name)
             removed += 1
         elif is_dir:
             with contextlib.suppress(OSError), folder.sub(entry.name) as sub:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import re
 import stat
@@ -30,6 +29,7 @@ from typing import Any
 import structlog
 
 from . import errors, names, outbox, records, safefs
+from . import kept as kept_marks
 from .claims import Item
 from .inboxes import Inbox, remove_empty
 from .journal import Journal, JournalUnwritable
@@ -37,10 +37,9 @@ from .watch import WORK_DIR_NAME, Entry
 
 log = structlog.get_logger("ocrd.outcomes")
 
-# errno values that say the destination as a whole cannot take files now
-TRANSIENT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOENT,
-             errno.EACCES, errno.EPERM, errno.ESTALE, errno.ENOTCONN, errno.EAGAIN,
-             errno.EBUSY, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.ENODEV, errno.ENXIO}
+# errno values that say the destination as a whole cannot take files now, or that the
+# daemon is short of descriptors or memory
+TRANSIENT = errors.NOT_NOW
 # tries of a file-specific destination failure before plain names, then failing
 OWN_FAILURE_TRIES = 3
 MAX_BACKOFF_SECONDS = 60.0
@@ -105,8 +104,8 @@ class Outcomes:
                           meta.get("page_count"), len(meta.get("degraded_pages") or []))
         self.metrics.files.labels("degraded" if meta.get("degraded_pages") else "ok").inc()
         self.metrics.last_success.set(time.time())
-        if item.claimed_at:
-            self.metrics.file_seconds.observe(time.time() - item.claimed_at)
+        if item.claimed_mono:
+            self.metrics.file_seconds.observe(time.monotonic() - item.claimed_mono)
         self.done_pages += meta.get("page_count", 0)
 
     def dispose(self, item: Item) -> str | None:
@@ -140,16 +139,26 @@ class Outcomes:
         token = (before.st_size, before.st_mtime_ns)
         inbox.putting_back.append(token)  # before the file shows in the inbox ...
         try:
-            with safefs.Dir.open_root(inbox.path) as root:
+            with inbox.open_root() as root:
                 folder, used = outbox.mirror(root, item.folders, inbox.perms)
                 with folder:
+                    # marked on the share first: no other daemon takes it back in
+                    wanted = "/".join((*used, item.name))
+                    self._mark(root, item, wanted, before)
                     name = outbox.move_unique(claim, item.name, folder, item.name)
                     st = folder.lstat(name)
-            kept = "/".join((*used, name))
-            inbox.kept.add((kept, st.st_size, st.st_mtime_ns))
+                    put_back = "/".join((*used, name))
+                    if put_back != wanted:
+                        self._mark(root, item, put_back, st)
+            inbox.kept.add((put_back, st.st_size, st.st_mtime_ns))
         finally:
             inbox.putting_back.remove(token)  # ... until it is in `kept`
-        return kept
+        return put_back
+
+    def _mark(self, root: safefs.Dir, item: Item, relpath: str,
+              st: os.stat_result) -> None:
+        kept_marks.mark(root, relpath, st.st_size, st.st_mtime_ns, item.inbox.perms,
+                  sha256=item.sha256, instance=item.inbox.instance)
 
     def is_kept(self, inbox: Inbox, entry: Entry) -> bool:
         """A file converted with on_success: keep, unchanged since it was put back."""
@@ -161,7 +170,9 @@ class Outcomes:
         try:
             known = self.journal.is_kept(str(inbox.path), *key)
         except JournalUnwritable:
-            return False
+            known = False
+        if not known and inbox.cfg.on_success == "keep":
+            known = marked_on_share(inbox, *key)  # by another daemon on the share
         if known:
             inbox.kept.add(key)
         return known
@@ -185,8 +196,8 @@ class Outcomes:
     def _move_failed(self, item: Item, err: errors.OcrdError, attempts: int) -> str:
         inbox = item.inbox
         extra = {"attempts": attempts, **item.extra}
-        plain = item.retries >= OWN_FAILURE_TRIES
-        with safefs.Dir.open_root(inbox.cfg.failed, create=True) as root:
+        plain = item.own_failures >= OWN_FAILURE_TRIES
+        with inbox.open_destination(inbox.cfg.failed) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))
                                          if plain else item.folders, inbox.perms)
             with folder:
@@ -225,9 +236,9 @@ class Outcomes:
         """The original keeps its name in archive/ (name-2 … only where taken; plain
         names where the share refused it OWN_FAILURE_TRIES times)."""
         inbox = item.inbox
-        plain = item.retries >= OWN_FAILURE_TRIES
+        plain = item.own_failures >= OWN_FAILURE_TRIES
         folders = tuple(map(plain_name, item.folders)) if plain else item.folders
-        with safefs.Dir.open_root(archive, create=True) as root:
+        with inbox.open_destination(archive) as root:
             folder, _used = outbox.mirror(root, folders, inbox.perms)
             with folder:
                 return outbox.move_unique(claim, item.name, folder,
@@ -250,7 +261,9 @@ class Outcomes:
         with plain names, then failed (output_failed). Returns the delay."""
         item.retries += 1
         own = not transient(e)
-        if own and item.retries > 2 * OWN_FAILURE_TRIES and where != "failed":
+        if own:
+            item.own_failures += 1  # a transient failure costs the file nothing
+        if own and item.own_failures > 2 * OWN_FAILURE_TRIES and where != "failed":
             item.error = errors.OutputFailed(
                 f"the {where} folder does not take this file: {e.strerror or e} "
                 f"({names.shown(str(getattr(e, 'filename', '') or ''))})")
@@ -260,6 +273,12 @@ class Outcomes:
         loop = asyncio.get_running_loop()
         self._later = [h for h in self._later if not h.cancelled()]
         self._later.append(loop.call_later(delay, self.resubmit, item))
+        if e.errno in errors.DAEMON_SHORTAGE:
+            log.error("resources_short", file=item.relpath, at=where,
+                      error=e.strerror or str(e), retry_in=delay,
+                      hint="ocrd has no file descriptor or memory to spare (LimitNOFILE= "
+                      "in the unit, other processes); the file waits, nothing is failed")
+            return delay
         event = "failed_folder_unwritable" if where == "failed" else "output_unwritable"
         log.error(event, file=item.relpath, folder=where,
                   error=e.strerror or str(e), path=getattr(e, "filename", None),
@@ -274,6 +293,15 @@ class Outcomes:
         self.stopping.set()
         for handle in self._later:
             handle.cancel()
+
+
+def marked_on_share(inbox: Inbox, relpath: str, size: int, mtime_ns: int) -> bool:
+    """Some daemon serving this inbox converted relpath (as it is now) and put it back."""
+    try:
+        with inbox.open_root() as root:
+            return kept_marks.marked(root, relpath, size, mtime_ns)
+    except OSError:
+        return False
 
 
 def claim_same_fs(a: safefs.Dir, b: safefs.Dir) -> bool:

@@ -93,6 +93,8 @@ def _open_regular(path: str) -> int:
         raise errors.Unreadable("ocrd has no permission to read the file "
                                 "(check its owner and mode)") from None
     except OSError as e:
+        if errors.shortage(e):
+            raise  # the daemon's trouble (no descriptor to spare …), not the file's
         if e.errno == 40:  # ELOOP: a symlink
             raise errors.NotRegularFile("the file is a symbolic link; ocrd only reads "
                                         "regular files") from None
@@ -191,6 +193,8 @@ def _poppler_count(path: str) -> int:
     except PDFPageCountError as e:
         raise _pdf_error(str(e)) from None
     except Exception as e:  # noqa: BLE001 - poppler's failures are reported as text
+        if errors.shortage(e):  # pdfinfo could not be started
+            raise
         raise errors.Unreadable(f"the PDF cannot be read: {e}") from None
     return int(info.get("Pages", 0))
 
@@ -230,6 +234,8 @@ def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> Doc
             "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
             f"JPEG 2000); it starts with {head[:8]!r}") from e
     except (OSError, SyntaxError, EOFError) as e:
+        if errors.shortage(e):
+            raise
         raise errors.Truncated(f"the image cannot be decoded completely ({e})") from None
 
 
@@ -367,6 +373,8 @@ def _render_poppler(path: str, index: int, res: Resolution, max_pixels: int) -> 
         imgs = convert_from_path(path, dpi=dpi, first_page=index + 1, last_page=index + 1,
                                  fmt="ppm", timeout=600, grayscale=res.grey)
     except Exception as e:  # noqa: BLE001 - poppler reports everything as text
+        if errors.shortage(e):  # pdftoppm could not be started
+            raise
         raise _pdf_error(str(e)) from None
     if not imgs:
         raise errors.RenderFailed(f"page {index + 1} rendered to nothing")
@@ -391,6 +399,8 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
     except errors.OcrdError:
         raise
     except (OSError, SyntaxError, EOFError, ValueError) as e:
+        if errors.shortage(e):
+            raise
         raise errors.Truncated(f"page {index + 1} of the image cannot be decoded ({e})") \
             from None
     return _pack(img, index, 0.0, grey)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import pages
+from . import outbox, pages
 from .claims import Claims, Item
 from .config import Config
 from .engines.base import Engine
@@ -44,7 +44,9 @@ class Parts:
         cfg = daemon.cfg
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
         slots = FairSlots(in_flight)
-        converter = Converter(cfg, engine, pools[0], slots, metrics=daemon.metrics,
+        # output names reserved on the share too, under this daemon's tag (outbox.py)
+        reservations = outbox.Reservations(state_folder.instance[:8])
+        converter = Converter(cfg, engine, pools[0], slots, reservations, daemon.metrics,
                               liveness=daemon.liveness,
                               previews=daemon.console.previews if daemon.console else None)
         parts: Parts
@@ -60,7 +62,7 @@ class Parts:
                               cfg.schedule.batch_window_seconds, room=converter.has_room,
                               room_limit=cfg.schedule.max_active_documents + in_flight)
         converter.on_progress = scheduler.poke
-        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept)
+        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept, roots=daemon.roots)
         intake = Intake(cfg, inboxes, Claims(state_folder.journal, daemon.metrics), pools[1],
                         submit, converter.gate.open, daemon.metrics,
                         daemon.liveness.loop_turned)

@@ -3,8 +3,11 @@
 The converter hands every finished page to `SearchablePdf.page` (its text layer is built
 at once, ocrd/textlayer.py, and only the compressed layer is kept), and calls `write`
 after the last page, before the sidecar and the Markdown are written. Writing the PDF
-may fail (a PDF that qpdf cannot rewrite, a full disk …): that costs the PDF, never the
-Markdown — `write` reports it as `pdf_failed` for the sidecar and the metrics.
+may fail because of the PDF (one that qpdf cannot rewrite …): that costs the PDF, never
+the Markdown — `write` reports it as `pdf_failed` for the sidecar and the metrics. A
+failure that is not the file's (the outbox full or read-only for a while, no descriptor
+to spare: errors.NOT_NOW) is raised instead, as it is for the Markdown: the whole file
+waits and is written, PDF and all, when the outbox takes files again.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from . import outbox, safefs, textpdf
+from . import errors, outbox, safefs, textpdf
 from .engines.base import PageOutput
 from .textlayer import FontMap, PageLayer, page_layer
 
@@ -55,7 +58,8 @@ class SearchablePdf:
     def write(self, folder: safefs.Dir, base: str, source: str, kind: str,
               perms: outbox.Perms, existing: list[int] | None, log_: Any = log) -> None:
         """Write BASE+suffix into folder from the document open at `source` (a
-        /proc/self/fd path); a failure is recorded, never raised (but BaseException)."""
+        /proc/self/fd path); a failure of the PDF is recorded, not raised; one of the
+        outbox or the daemon (errors.NOT_NOW) is raised."""
         name = pdf_name(base, self.settings.suffix)
         layers = [layer or PageLayer("none", b"", 0) for layer in self.layers]
 
@@ -70,6 +74,8 @@ class SearchablePdf:
         try:
             outbox.write_atomic_with(folder, name, fill, perms)
         except Exception as e:  # noqa: BLE001 - any failure costs the PDF, not the Markdown
+            if _not_now(e):
+                raise
             self.failed = _message(e)
             self.pages = []
             log_.warning("pdf_failed", output=name, error=self.failed)
@@ -96,6 +102,18 @@ class SearchablePdf:
         done = self.pages[index] if self.written and index < len(self.pages) else "none"
         return {"placement": layer.placement if layer is not None else "none",
                 "layer": done}
+
+
+def _not_now(e: BaseException) -> bool:
+    """A failure of the destination or the daemon, also where qpdf reports one that it
+    met while writing (its exception's cause or context)."""
+    seen = 0
+    while e is not None and seen < 5:
+        if errors.not_now(e):
+            return True
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
 
 
 def _message(e: BaseException) -> str:

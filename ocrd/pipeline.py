@@ -72,6 +72,19 @@ class Written:
     meta: dict[str, Any]
 
 
+class Clock:
+    """When something started: the wall clock's time for timestamps, the monotonic
+    clock's for its duration (a wall clock stepped back by NTP must not give negative
+    seconds)."""
+
+    def __init__(self) -> None:
+        self.wall = time.time()
+        self.mono = time.monotonic()
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.mono
+
+
 def sha256_fd(fd: int) -> str:
     h = hashlib.sha256()
     offset = 0
@@ -166,7 +179,7 @@ class Converter:
         """Convert one document and write NAME.md, NAME.json (and NAME.assets/) into
         out_dir. Raises OcrdError subclasses for the file's own problems, EngineDead when
         the engine is gone, OSError when the destination cannot be written."""
-        t0 = time.time()
+        t0 = Clock()
         blog = log.bind(file=src.name)
         self.pending += 1  # counted before the first await: see Scheduler.run
         try:
@@ -199,7 +212,7 @@ class Converter:
             raise
         finally:
             self.reservations.release(out_dir, base)
-        blog.info("file_converted", pages=info.pages, seconds=round(time.time() - t0, 3),
+        blog.info("file_converted", pages=info.pages, seconds=round(t0.seconds(), 3),
                   output=str(out_dir.path / (base + ".md")), degraded=meta["degraded_pages"])
         return Written(out_dir.path, base + ".md", base + ".json",
                        staging.final if staging.used else None, meta)
@@ -297,7 +310,7 @@ class Converter:
     # -- results ----------------------------------------------------------------------
 
     def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: str,
-                 staging: Staging, t0: float,
+                 staging: Staging, t0: Clock,
                  pdf: pdfout.SearchablePdf | None = None) -> dict:
         page_meta = [records.page(r) for r in results]
         if pdf is not None:
@@ -321,9 +334,9 @@ class Converter:
             },
             "timings": {
                 "claimed_at": records.iso(src.claimed_at),
-                "started_at": records.iso(t0),
+                "started_at": records.iso(t0.wall),
                 "finished_at": records.iso(time.time()),
-                "seconds": round(time.time() - t0, 4),
+                "seconds": round(t0.seconds(), 4),
             },
             "pages": page_meta,
         }

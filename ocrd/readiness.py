@@ -31,6 +31,7 @@ class Candidate:
     next_check: float = 0.0
     checks: int = 0
     busy: bool = False  # a check or a claim is running
+    seen: float = 0.0  # monotonic time a scan or an event last showed it
     reported: set[str] = field(default_factory=set)  # warnings already logged
 
     def key(self) -> tuple[int, int, int]:
@@ -140,14 +141,18 @@ class Tracker:
         if closed:
             cand.closed = True
             cand.next_check = 0.0
+        cand.seen = now
         return cand
 
     def forget(self, relpath: str) -> None:
         self.candidates.pop(relpath, None)
 
-    def keep_only(self, relpaths: set[str]) -> list[str]:
-        """After a full scan: drop candidates that are gone. Returns the dropped."""
-        gone = [r for r, c in self.candidates.items() if r not in relpaths and not c.busy]
+    def keep_only(self, relpaths: set[str], since: float | None = None) -> list[str]:
+        """After a full scan: drop candidates that are gone. `since`: when the scan
+        began — a candidate an event showed after that is kept (the scan may have
+        listed its folder before it came). Returns the dropped."""
+        gone = [r for r, c in self.candidates.items() if r not in relpaths and not c.busy
+                and (since is None or c.seen < since)]
         for r in gone:
             del self.candidates[r]
         return gone

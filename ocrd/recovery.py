@@ -35,6 +35,7 @@ from . import errors, outbox, safefs
 from .claims import Item, claim_parts
 from .inboxes import OWNER_FILE, Inbox, host_id, remove_empty
 from .journal import Job, Journal
+from .kept import KEPT_DIR
 from .outcomes import Outcomes
 from .watch import WORK_DIR_NAME
 
@@ -97,6 +98,13 @@ class Recovery:
             return
         item = Item(job.id, inbox, job.relpath, claim, claimed_at=job.created)
         exists = _exists(item)
+        if exists is None:
+            # The inbox is not reachable now (an unmounted share): the claimed file is
+            # not known to be gone. Queued, it waits until the inbox is back.
+            log.warning("claimed_file_waits", file=job.relpath, inbox=job.inbox,
+                        why="its inbox cannot be reached now")
+            self.resume.append(Resume(item))
+            return
         if job.state == "claiming":
             if not exists:
                 self.journal.drop(job.id)
@@ -129,6 +137,8 @@ class Recovery:
                 return
             with work:
                 for name in sorted(work.names()):
+                    if name == KEPT_DIR:  # the share's marks of kept originals (kept.py)
+                        continue
                     if name == inbox.instance or self._ours_to_adopt(work, name):
                         self._adopt_area(inbox, work, name, known)
 
@@ -241,7 +251,8 @@ def prepare_inbox(inbox: Inbox, state_dir: Path) -> None:
     except OSError as e:
         log.warning("work_area_unwritable", inbox=str(inbox.path), error=e.strerror)
     for root in inbox.cfg.destinations().values():
-        removed = outbox.sweep_temporaries(root, inbox.perms.tag)
+        removed = outbox.sweep_temporaries(root, inbox.perms.tag,
+                                           lambda r=root: inbox.roots.open(r))
         if removed:
             log.info("temporaries_removed", folder=str(root), count=removed)
 
@@ -263,9 +274,15 @@ def claim_location(inbox: Inbox, claim_path: str, relpath: str) -> tuple[str, ..
     return parts[:-1]
 
 
-def _exists(item: Item) -> bool:
+def _exists(item: Item) -> bool | None:
+    """Whether the claimed file is in the work area; None when the inbox itself cannot
+    be reached (not pinned, missing, replaced)."""
     try:
-        with item.open_claim_folder() as folder:
+        root = item.inbox.open_root()
+    except OSError:
+        return None
+    try:
+        with root, root.walk((WORK_DIR_NAME, *item.claim)) as folder:
             folder.lstat(item.name)
     except OSError:
         return False

@@ -29,6 +29,16 @@ def _warm() -> int:
 # Main-process side
 
 
+def descriptors_short() -> OSError | None:
+    """The OSError (EMFILE, ENFILE) an open would meet right now, or None."""
+    try:
+        os.close(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as e:
+        if e.errno in errors.DAEMON_SHORTAGE:
+            return e
+    return None
+
+
 class RenderPool:
     """Worker processes for probing and rendering.
 
@@ -93,6 +103,11 @@ class RenderPool:
                     return await fut
             except BrokenProcessPool:
                 self._discard(generation)
+                short = descriptors_short()
+                if short is not None:
+                    # A page that came back could not be taken in (its file not opened):
+                    # the daemon's shortage broke the pool, not this file.
+                    raise short from None
                 if attempt == 2:
                     raise errors.RenderFailed(
                         "the renderer crashed on this file twice (a damaged or hostile "

@@ -36,6 +36,7 @@ from .metrics import HealthServer, Metrics
 from .notify import Heartbeat, Liveness, Notifier
 from .parts import Parts
 from .recovery import Recovery, prepare_inbox
+from .roots import Roots, configured
 from .state import StateError, StateFolder
 from .web import Console, InboxLive, Live, LiveStatus
 
@@ -60,6 +61,8 @@ class Daemon:
         self.state_folder: StateFolder | None = None
         self.pools: tuple[pages.RenderPool, pages.RenderPool] | None = None
         self.parts: Parts | None = None
+        # every configured folder, pinned at start and at each reload (roots.py)
+        self.roots = Roots()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -114,8 +117,10 @@ class Daemon:
     async def startup(self) -> None:
         cfg = self.cfg
         self.state_folder = state_folder = StateFolder.open(cfg.state_dir)
+        self._pin(cfg)
         self._start_health()
-        self.console = Console.start(cfg, LiveStatus(asyncio.get_running_loop(), self._live))
+        self.console = Console.start(cfg, LiveStatus(asyncio.get_running_loop(), self._live),
+                                     self.roots)
         self.notifier.send("STATUS=starting the render workers")
         self.pools = (pages.RenderPool(cfg.render.workers), pages.RenderPool(1, timeout=120))
         await asyncio.gather(*(pool.start() for pool in self.pools))
@@ -147,6 +152,17 @@ class Daemon:
         self.notifier.send("READY=1", f"STATUS=ready; watching {len(parts.inboxes)} inbox(es)")
         log.info("ready", inboxes=[str(i.path) for i in parts.inboxes], engine=self.engine.kind,
                  pages_in_flight=parts.slots.n, memory_budget_bytes=parts.converter.memory.total)
+
+    def _pin(self, cfg: Config) -> None:
+        """Pin every configured folder as it is now (roots.py)."""
+        for path, (old, new) in self.roots.pin(configured(cfg)).items():
+            if new.real != path or not new.pinned:
+                log.info("folder_pinned", path=str(path), resolved=str(new.real),
+                         there=new.pinned)
+            if old is not None and old.pinned and new.pinned and old.ident != new.ident:
+                log.warning("folder_pinned_anew", path=str(path), resolved=str(new.real),
+                            why="the folder there now is not the one pinned before; this "
+                            "reload accepts it")
 
     def _start_health(self) -> None:
         if not self.cfg.metrics.listen:
@@ -228,6 +244,7 @@ class Daemon:
             self.health.stop()
         if self.console is not None:
             self.console.stop()
+        self.roots.close()
         if self.state_folder is not None:
             with contextlib.suppress(Exception):
                 left = self.state_folder.journal.counts()
@@ -295,11 +312,14 @@ class Daemon:
             log.error("reload_failed", error=str(e), kept="the running configuration")
             self.notifier.send("READY=1", "STATUS=reload failed; running configuration kept")
             return
-        if new.engine != self.cfg.engine or new.render != self.cfg.render:
-            log.warning("restart_needed", reason="engine or render settings changed; "
-                        "they apply at the next start")
+        if new.engine != self.cfg.engine or new.render != self.cfg.render or \
+                new.state_dir != self.cfg.state_dir:
+            log.warning("restart_needed", reason="engine, render or state_dir settings "
+                        "changed; they apply at the next start")
         self.cfg = new.model_copy(update={"engine": self.cfg.engine,
-                                          "render": self.cfg.render})
+                                          "render": self.cfg.render,
+                                          "state_dir": self.cfg.state_dir})
+        self._pin(self.cfg)
         for inbox in parts.inboxes.reload(self.cfg.inboxes):
             await self._prepare(inbox)
         parts.apply(self.cfg)
@@ -334,7 +354,8 @@ class Daemon:
             pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,
             converting=len(parts.scheduler.active),
             inboxes=tuple(InboxLive(names.shown(str(i.path)), i.watch, i.available,
-                                    len(i.tracker), i.paused_until > now)
+                                    len(i.tracker), i.paused_why is not None,
+                                    names.printable(i.paused_why or "") or None)
                           for i in parts.inboxes),
             version=__version__)
 
@@ -355,10 +376,34 @@ def _keep_rss_near_live_memory() -> None:
         pass
 
 
+# the soft descriptor limit is raised at most this far (a container's hard limit may be
+# "infinity", or a billion)
+MOST_DESCRIPTORS = 1 << 20
+
+
+def raise_descriptor_limit() -> tuple[int, int]:
+    """The soft RLIMIT_NOFILE raised to the hard one (systemd's default soft limit,
+    1,024, is for programs that use select(); ocrd does not). Returns (soft, hard)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MOST_DESCRIPTORS if hard == resource.RLIM_INFINITY else \
+        min(hard, MOST_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as e:
+            log.warning("descriptor_limit_not_raised", soft=soft, hard=hard, error=str(e))
+    return soft, hard
+
+
 def run(config_path: Path) -> int:
     # A watchdog timeout ends in SIGABRT: print every thread's stack first, so the
     # journal shows where the daemon hung.
     faulthandler.enable()
+    soft, hard = raise_descriptor_limit()
+    log.info("descriptor_limit", soft=soft, hard=hard)
     cfg = load_config(config_path)
     problems = layout_problems(cfg)
     if problems:

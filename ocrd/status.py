@@ -39,4 +39,8 @@ def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
             elif sample.name == "ocrd_files_total":
                 key = "files_" + sample.labels.get("result", "?")
                 out[key] = out.get(key, 0) + sample.value
+            elif sample.name == "ocrd_inbox_paused" and sample.value:
+                out.setdefault("paused_inboxes", []).append(
+                    {"inbox": sample.labels.get("inbox", "?"),
+                     "why": sample.labels.get("why", "?")})
     return out

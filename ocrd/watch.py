@@ -1,8 +1,11 @@
 """Finding files in inboxes: full scans (the truth) and watchdog events (hints).
 
 Scans walk an inbox without following symlinks and report every entry that is not
-ignored. inotify observers only tell the daemon to look sooner; on network filesystems,
+ignored, down to MAX_DEPTH folders below the inbox (deeper folders are skipped and
+reported: a chain of thousands of nested folders must cost neither the scan nor the
+watch). inotify observers only tell the daemon to look sooner; on network filesystems,
 where inotify misses other machines' writes, inboxes are polled by scanning instead.
+An observer whose threads died is noticed (`Observers.dead`) and replaced.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers.inotify import InotifyEmitter, InotifyObserver, InotifyWatchGroup
-from watchdog.observers.inotify_c import InotifyConstants, Mask
+from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, InotifyFD, Mask
+from watchdog.observers.inotify_move_event_grouper import PathedInotifyEvent
 
 from .config import BUILTIN_IGNORE, InboxConfig
 from .safefs import Dir
@@ -39,6 +43,8 @@ NETWORK_FS = {
 }
 
 WORK_DIR_NAME = ".ocrd-work"
+# folders below an inbox that a recursive scan or watch enters; deeper ones are skipped
+MAX_DEPTH = 64
 
 
 def fs_type(path: Path) -> str:
@@ -118,22 +124,29 @@ def entry_for(path: Path, relpath: str, st: os.stat_result) -> Entry:
 
 
 def scan(root: Path, recursive: bool, ignore: Ignore,
-         on_error: Callable[[Path, OSError], None] | None = None) -> Iterator[Entry]:
-    """Every wanted entry under root. Folders are entered through their parent's
-    descriptor, never through a link: a subfolder replaced by a symbolic link is an
-    entry like any other link (reported, not followed)."""
+         on_error: Callable[[Path, OSError], None] | None = None, *,
+         open_top: Callable[[], Dir] | None = None, max_depth: int = MAX_DEPTH,
+         on_too_deep: Callable[[str], None] | None = None,
+         stop: Callable[[], bool] | None = None) -> Iterator[Entry]:
+    """Every wanted entry under root (opened with `open_top`, else by its path).
+    Folders are entered through their parent's descriptor, never through a link: a
+    subfolder replaced by a symbolic link is an entry like any other link (reported, not
+    followed). Folders more than `max_depth` levels down are not entered
+    (`on_too_deep(relpath)`); `stop()` true ends the scan early."""
     def failed(folder: Path, e: OSError) -> None:
         if on_error is not None:
             on_error(folder, e)
 
     try:
-        top = Dir.open_root(root)
+        top = open_top() if open_top is not None else Dir.open_root(root)
     except OSError as e:
         failed(root, e)
         return
     with top:
         stack: list[tuple[str, ...]] = [()]
         while stack:
+            if stop is not None and stop():
+                return
             parts = stack.pop()
             prefix = "".join(p + "/" for p in parts)
             try:
@@ -147,8 +160,13 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
                     continue
                 rel = prefix + name
                 if stat.S_ISDIR(st.st_mode):
-                    if recursive:
-                        stack.append((*parts, name))
+                    if not recursive:
+                        continue
+                    if len(parts) >= max_depth:
+                        if on_too_deep is not None:
+                            on_too_deep(rel)
+                        continue
+                    stack.append((*parts, name))
                     continue
                 if ignore.wanted(rel):
                     yield entry_for(root / rel, rel, st)
@@ -187,18 +205,74 @@ EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent,
           DirCreatedEvent, DirMovedEvent]
 
 
+def _folders_below(path: bytes, limit: int) -> Iterator[tuple[bytes, list[bytes], list[bytes]]]:
+    """(folder, subfolders, files) for path and the folders below it, at most `limit`
+    levels down, without following links or entering dot-folders; iterative (watchdog's
+    os.walk recurses: a chain of nested folders a few thousand deep killed its thread
+    with RecursionError)."""
+    stack = [(path, 0)]
+    while stack:
+        folder, depth = stack.pop()
+        dirs: list[bytes] = []
+        files: list[bytes] = []
+        try:
+            with os.scandir(folder) as it:
+                for de in it:
+                    try:
+                        is_dir = de.is_dir(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    (dirs if is_dir else files).append(de.name)
+        except OSError:
+            continue
+        dirs = [d for d in dirs if not d.startswith(b".")]
+        yield folder, dirs, files
+        if depth < limit:
+            stack.extend((os.path.join(folder, d), depth + 1) for d in dirs)
+
+
 class _InboxWatchGroup(InotifyWatchGroup):
     """A recursive watch that leaves out dot-folders (ignored by every scan anyway), above
     all ocrd's own `.ocrd-work/`: every claim makes a folder there, and watchdog watched
     each one, so a busy recursive inbox carried thousands of watches and watchdog
     formatted its whole table into a warning at each re-added one (a 30-minute fuzzer
-    run slowed from ~8 claims/s to ~0.3)."""
+    run slowed from ~8 claims/s to ~0.3). Folders deeper than MAX_DEPTH are not
+    watched, and the tree is walked without recursion."""
+
+    def _depth(self, path: bytes) -> int:
+        rel = os.path.relpath(path, self.path) if path != self.path else b""
+        return 0 if rel in (b"", b".") else rel.count(b"/") + 1
 
     def _add_callback(self, path: bytes) -> None:
         rel = os.path.relpath(path, self.path) if path != self.path else b""
         if any(part.startswith(b".") for part in rel.split(b"/") if part):
             return
+        if self._depth(path) > MAX_DEPTH:
+            return
         super()._add_callback(path)
+
+    def _add_all_callbacks(self, path: bytes) -> None:
+        self._add_callback(path)
+        if not self.is_recursive or not os.path.isdir(path):
+            return
+        room = MAX_DEPTH - self._depth(path)
+        for folder, dirs, _files in _folders_below(path, max(0, room - 1)):
+            for name in dirs:
+                self._add_callback(os.path.join(folder, name))
+
+    def _recursive_simulate(self, src_path: bytes) -> list[InotifyEvent]:
+        events = []
+        room = MAX_DEPTH - self._depth(src_path)
+        for folder, dirs, files in _folders_below(src_path, max(0, room)):
+            wd = self._active_callbacks_by_path.get(folder)
+            if wd is None:
+                continue
+            for name in dirs:
+                events.append(InotifyEvent(wd, Mask(InotifyConstants.IN_CREATE
+                                                    | InotifyConstants.IN_ISDIR), 0, name))
+            for name in files:
+                events.append(InotifyEvent(wd, InotifyConstants.IN_CREATE, 0, name))
+        return events
 
 
 class _FlatInboxEmitter(InotifyEmitter):
@@ -214,9 +288,25 @@ class _FlatInboxEmitter(InotifyEmitter):
     delivers nothing behind it meanwhile. Each claim renames a file out of the inbox
     (into .ocrd-work/, never watched), so every claim stalled the next file's events by up
     to half a second. In a flat inbox nothing is lost without it: a rename inside the
-    inbox (x.part → x.pdf) still arrives as IN_MOVED_TO, reported as moved in."""
+    inbox (x.part → x.pdf) still arrives as IN_MOVED_TO, reported as moved in.
+
+    A folder moved in is reported as itself, not with an event for each entry inside
+    (watchdog walks it recursively for those: ocrd rescans instead). `reader` is the
+    thread that reads the observer's inotify instance (one per observer, so per inbox):
+    it is watched for its life like the emitter's own."""
+
+    @property
+    def reader(self) -> InotifyFD:
+        return self._inotify_fd
 
     def build_and_queue_event(self, event, *, full_events: bool = False) -> None:  # noqa: ANN001
+        if self.watch.is_recursive and _folder_moved(event):
+            if not isinstance(event, PathedInotifyEvent):  # a (from, to) pair
+                src, dst = (self._decode_path(e.path) for e in event)
+                self.queue_event(DirMovedEvent(src, dst))
+            else:
+                self.queue_event(DirMovedEvent("", self._decode_path(event.path)))
+            return
         super().build_and_queue_event(event, full_events=True)
 
     def on_thread_start(self) -> None:
@@ -233,6 +323,12 @@ class _FlatInboxEmitter(InotifyEmitter):
         return mask
 
 
+def _folder_moved(event) -> bool:  # noqa: ANN001 - watchdog's grouped inotify event
+    if not isinstance(event, PathedInotifyEvent):  # a (from, to) pair
+        return event[0].ev.is_directory
+    return event.ev.is_moved_to and event.ev.is_directory
+
+
 def _observer() -> InotifyObserver:
     observer = InotifyObserver()
     if hasattr(observer, "_emitter_class"):  # watchdog 7.x: the class it instantiates
@@ -243,7 +339,8 @@ def _observer() -> InotifyObserver:
 class Observers:
     """inotify observers for the inboxes that use them. Starting one can fail (watch
     limit reached, folder missing): the inbox then falls back to polling, with a
-    warning."""
+    warning. An observer one of whose threads died (its dispatcher, its emitter, or its
+    inotify reader) is `dead`: the inbox replaces it."""
 
     def __init__(self, hint: Hint) -> None:
         self.hint = hint
@@ -260,7 +357,7 @@ class Observers:
         except OSError as e:
             log.warning("inotify_unavailable", inbox=str(inbox.path), error=str(e),
                         fallback="polling")
-            observer.stop()
+            _stop(observer)
             return False
         self._observers[inbox.path] = observer
         return True
@@ -268,13 +365,44 @@ class Observers:
     def unwatch(self, path: Path) -> None:
         observer = self._observers.pop(path, None)
         if observer is not None:
-            observer.stop()
-            observer.join(timeout=5)
+            _stop(observer)
 
     def alive(self, path: Path) -> bool:
         observer = self._observers.get(path)
-        return observer is not None and observer.is_alive()
+        return observer is not None and not _dead_threads(observer)
+
+    def dead(self) -> dict[Path, list[str]]:
+        """Watched inboxes whose observer lost a thread: the threads' names."""
+        out = {}
+        for path, observer in list(self._observers.items()):
+            lost = _dead_threads(observer)
+            if lost:
+                out[path] = lost
+        return out
 
     def stop(self) -> None:
         for path in list(self._observers):
             self.unwatch(path)
+
+
+def _threads(observer: InotifyObserver) -> list:
+    threads = [observer]
+    for emitter in list(getattr(observer, "emitters", ())):
+        threads.append(emitter)
+        reader = getattr(emitter, "reader", None)
+        if reader is not None:
+            threads.append(reader)
+    return threads
+
+
+def _dead_threads(observer: InotifyObserver) -> list[str]:
+    return [t.name for t in _threads(observer) if not t.is_alive()]
+
+
+def _stop(observer: InotifyObserver) -> None:
+    try:
+        observer.stop()  # its emitters, and its inotify reader
+    except OSError as e:  # a broken one (its inotify descriptor gone) cannot unwatch
+        log.debug("observer_stop_failed", error=str(e))
+    if observer.is_alive():
+        observer.join(timeout=5)

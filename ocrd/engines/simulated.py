@@ -42,10 +42,11 @@ class _Request:
     steps: int  # decode steps (tokens) this page needs
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    submitted: float
+    submitted: float  # time.monotonic()
     text: str = ""
     done_steps: int = 0
-    started: float = 0.0
+    started: float = 0.0  # time.monotonic()
+    started_at: float = 0.0  # time.time(), for the sidecar
     cancelled: bool = False
 
 
@@ -123,7 +124,7 @@ class SimulatedEngine(Engine):
             raise EngineDead("the simulated engine is not running")
         loop = asyncio.get_running_loop()
         req = _Request(page.image, page.page_no, page.doc_id, steps, loop.create_future(),
-                       loop, time.time())
+                       loop, time.monotonic())
         del page  # the image is the stepping loop's now, and dropped after prefill
         with self._cond:
             self._queue.append(req)
@@ -198,7 +199,7 @@ class SimulatedEngine(Engine):
             start = begin if idle or not 0 <= begin - deadline <= 0.05 else deadline
             prefill = 0.0
             for req in admitted:
-                req.started = time.time()
+                req.started, req.started_at = time.monotonic(), time.time()
                 if req.image is not None:
                     prefill += req.image.width * req.image.height / 1e6
                     req.text = describe_page(req.image, req.page_no, req.doc_id)
@@ -225,13 +226,13 @@ class SimulatedEngine(Engine):
                 stats.pages_done += len(finished)
                 if len(stats.batch_sizes) < 10_000:
                     stats.batch_sizes.append(len(batch))
-            now = time.time()
+            now, wall = time.monotonic(), time.time()
             for req in finished:
                 if req.cancelled:
                     continue
                 out = PageOutput(text=req.text, finish_reason="stop", tokens=req.steps,
                                  prompt_tokens=None, seconds=now - req.started,
-                                 started_at=req.started, finished_at=now,
+                                 started_at=req.started_at, finished_at=wall,
                                  extra={"queued_seconds": round(req.started - req.submitted, 4)})
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     req.loop.call_soon_threadsafe(_settle, req.future, out, None)

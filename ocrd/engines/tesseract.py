@@ -81,7 +81,7 @@ class TesseractEngine(Engine):
 
     async def ocr(self, page: PageRequest) -> PageOutput:
         async with self._slots:
-            started = time.time()
+            started, t0 = time.time(), time.monotonic()
             tsv = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
             if self.orientation and tesseract_tsv.doubtful(tsv):
@@ -100,10 +100,9 @@ class TesseractEngine(Engine):
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
             words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
-        finished = time.time()
         return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
-                          seconds=finished - started, started_at=started,
-                          finished_at=finished, rotation=rotation, words=words)
+                          seconds=time.monotonic() - t0, started_at=started,
+                          finished_at=time.time(), rotation=rotation, words=words)
 
     async def _read(self, page: PageRequest, image: tuple[bytes, bytes | bytearray]) -> str:
         """tesseract's TSV for the page: the text and every word's box from one run (the

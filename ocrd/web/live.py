@@ -23,7 +23,8 @@ class InboxLive:
     watch: str  # inotify | polling
     available: bool  # the folder is there (a share may be unmounted)
     waiting: int  # files seen in the inbox, not yet ready
-    paused: bool = False  # a destination failed: no new claims for a while
+    paused: bool = False  # no new claims for now (a folder replaced, a destination failing)
+    why: str | None = None  # why, in one line for people
 
 
 @dataclass(frozen=True)

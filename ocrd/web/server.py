@@ -3,6 +3,8 @@ that a slow browser never holds up intake, and the page previews' writer beside 
 
 The socket is bound at start, in the daemon's thread: a port already taken is reported
 there (and the daemon runs on without its console), and a missing token stops the start.
+Its connections are bounded in number and in the time they may take to say what they
+want (connections.py): the console shares the daemon's descriptors.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import uvicorn
 from .. import listen
 from ..config import Config
 from ..previews import Previews
+from ..roots import Roots
+from . import connections
 from .app import create_app
 from .auth import load_secret, load_token
 from .context import Context
@@ -27,12 +31,13 @@ log = structlog.get_logger("ocrd.web")
 
 
 class Console:
-    def __init__(self, cfg: Config, live: LiveStatus | None) -> None:
+    def __init__(self, cfg: Config, live: LiveStatus | None, roots: Roots | None = None
+                 ) -> None:
         web = cfg.web
         token = load_token(web)  # ConfigError: the daemon must not start without it
         self.previews = Previews(cfg.state_dir / "previews", web.previews_days,
                                  web.previews_max_bytes) if web.previews else None
-        self.ctx = Context(cfg, Store(cfg, self.previews),
+        self.ctx = Context(cfg, Store(cfg, self.previews, roots),
                            live.get if live is not None else lambda: None, token,
                            load_secret(cfg.state_dir))
         self.address: str | None = None
@@ -41,10 +46,12 @@ class Console:
         self._sock: socket.socket | None = None
 
     @classmethod
-    def start(cls, cfg: Config, live: LiveStatus | None) -> Console:
+    def start(cls, cfg: Config, live: LiveStatus | None, roots: Roots | None = None
+              ) -> Console:
         """Previews writer running, and the console listening (unless web.listen is
-        null or its port cannot be bound: logged, and the daemon goes on)."""
-        console = cls(cfg, live)
+        null or its port cannot be bound: logged, and the daemon goes on). `roots`: the
+        daemon's pinned folders, the only way the console reads the configured ones."""
+        console = cls(cfg, live, roots)
         if console.previews is not None:
             console.previews.start()
         if cfg.web.listen is not None:
@@ -66,18 +73,25 @@ class Console:
             raise
         self._sock = sock
         self.address = str(addr._replace(port=sock.getsockname()[1]))
+        most = connections.max_connections()
         config = uvicorn.Config(create_app(self.ctx), log_config=None, access_log=False,
-                                lifespan="off", loop="asyncio", http="h11", ws="none",
-                                timeout_graceful_shutdown=2, server_header=False)
-        self._server = uvicorn.Server(config)
+                                lifespan="off", loop="asyncio",
+                                http=connections.HeaderTimeoutH11Protocol, ws="none",
+                                timeout_graceful_shutdown=2, server_header=False,
+                                timeout_keep_alive=connections.KEEP_ALIVE,
+                                # requests in progress; connections are capped at `most`
+                                limit_concurrency=most + 1, backlog=128)
+        self._server = connections.ConsoleServer(config, most)
         self._thread = threading.Thread(target=self._run, name="console", daemon=True)
         self._thread.start()
         log.info("console_listening", address=self.address,
-                 url=f"http://{self.address}/", token_required=self.ctx.token_required)
+                 url=f"http://{self.address}/", token_required=self.ctx.token_required,
+                 max_connections=most)
 
     def _run(self) -> None:
         assert self._server is not None and self._sock is not None
         loop = asyncio.new_event_loop()
+        loop.set_exception_handler(connections.exception_handler)
         try:
             loop.run_until_complete(self._server.serve(sockets=[self._sock]))
         except Exception as e:  # noqa: BLE001 - the console failing must not stop intake

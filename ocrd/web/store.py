@@ -23,6 +23,7 @@ from pathlib import Path
 from ..config import Config, InboxConfig
 from ..journal import FileFilter, Job, Journal
 from ..previews import Previews
+from ..roots import Roots
 
 _FIGURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
 MAX_TEXT_BYTES = 64 * 1024**2  # a Markdown or sidecar larger than this is not shown
@@ -49,9 +50,10 @@ class Opened:
             os.close(self.fd)
 
 
-def open_inside(root: Path, path: Path) -> Opened | None:
+def open_inside(root: Path, path: Path, roots: Roots | None = None) -> Opened | None:
     """Open `path` for reading if it is a regular file inside `root`, walking down
-    from root without following any symbolic link; None otherwise."""
+    from root without following any symbolic link; None otherwise. With `roots` (the
+    daemon's pinned folders) root itself is the folder pinned, or nothing is read."""
     root_abs, path_abs = os.path.abspath(root), os.path.abspath(path)
     if os.path.commonpath([root_abs, path_abs]) != root_abs or root_abs == path_abs:
         return None
@@ -60,7 +62,11 @@ def open_inside(root: Path, path: Path) -> Opened | None:
         return None
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(root_abs, flags | os.O_DIRECTORY)
+        if roots is not None:
+            top = roots.open(root)
+            fd, top.fd = top.fd, -1
+        else:
+            fd = os.open(root_abs, flags | os.O_DIRECTORY)
     except OSError:
         return None
     try:
@@ -81,9 +87,11 @@ def open_inside(root: Path, path: Path) -> Opened | None:
 
 
 class Store:
-    def __init__(self, cfg: Config, previews: Previews | None) -> None:
+    def __init__(self, cfg: Config, previews: Previews | None, roots: Roots | None = None
+                 ) -> None:
         self.cfg = cfg
         self.previews = previews
+        self.roots = roots  # the daemon's pinned folders (None: opened by their paths)
         self.journal_path = cfg.state_dir / "journal.sqlite3"
         self._local = threading.local()
 
@@ -124,7 +132,7 @@ class Store:
         if found is None:
             return None
         box, base = found
-        return open_inside(box.outbox, base.with_name(base.name + suffix))
+        return open_inside(box.outbox, base.with_name(base.name + suffix), self.roots)
 
     def text(self, job: Job, suffix: str) -> str | None:
         opened = self.open_output(job, suffix)
@@ -155,7 +163,8 @@ class Store:
         if name not in listed:
             return None
         box, base = found
-        return open_inside(box.outbox, base.with_name(base.name + ".assets") / name)
+        return open_inside(box.outbox, base.with_name(base.name + ".assets") / name,
+                           self.roots)
 
     def original(self, job: Job, meta: dict | None) -> Opened | None:
         """The original: in failed/ (failed), back in the inbox (keep), or in the
@@ -164,11 +173,11 @@ class Store:
         if box is None:
             return None
         if job.state == "failed" and job.output:
-            return open_inside(box.failed, Path(job.output))
+            return open_inside(box.failed, Path(job.output), self.roots)
         if job.state != "done":
             return None
         if box.on_success == "keep":
-            return open_inside(box.path, box.path / job.relpath)
+            return open_inside(box.path, box.path / job.relpath, self.roots)
         if box.on_success != "archive" or box.archive is None:
             return None
         rel = Path(job.relpath)
@@ -176,7 +185,7 @@ class Store:
         names = [rel.name] + [f"{stem or ext}-{n}{dot}{ext if stem else ''}"
                               for n in range(2, 10)]
         for name in names:
-            opened = open_inside(box.archive, box.archive / rel.parent / name)
+            opened = open_inside(box.archive, box.archive / rel.parent / name, self.roots)
             if opened is not None and opened.size == job.size:
                 return opened
             if opened is not None:

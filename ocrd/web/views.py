@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ..journal import Job
-from ..names import shown
+from ..names import printable, shown
 from .render import split_pages, to_html
 
 STATE_WORDS = {
@@ -25,11 +25,12 @@ def state_of(job: Job) -> str:
 
 
 def job_facts(job: Job) -> dict:
-    """One row as JSON-ready facts (names valid UTF-8, see ocrd/names.py)."""
+    """One row as JSON-ready facts (names valid UTF-8 with control characters escaped,
+    see ocrd/names.py)."""
     return {
         "id": job.id,
-        "file": shown(job.relpath),
-        "name": shown(job.relpath.rpartition("/")[2]),
+        "file": printable(job.relpath),
+        "name": printable(job.relpath.rpartition("/")[2]),
         "inbox": shown(job.inbox),
         "state": state_of(job),
         "journal_state": job.state,
@@ -38,8 +39,8 @@ def job_facts(job: Job) -> dict:
         "degraded_pages": job.degraded,
         "attempts": job.attempts,
         "reason": job.reason,
-        "message": job.message,
-        "output": shown(job.output) if job.output else None,
+        "message": printable(job.message) if job.message else job.message,
+        "output": printable(job.output) if job.output else None,
         "created": job.created,
         "started": job.started,
         "finished": job.finished,
