@@ -185,6 +185,8 @@ class Outcomes:
     def _move_failed(self, item: Item, err: errors.OcrdError, attempts: int) -> str:
         inbox = item.inbox
         extra = {"attempts": attempts, **item.extra}
+        if isinstance(err, errors.InternalError) and err.details:
+            extra["traceback"] = err.details
         plain = item.retries >= OWN_FAILURE_TRIES
         with safefs.Dir.open_root(inbox.cfg.failed, create=True) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))

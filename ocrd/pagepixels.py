@@ -101,19 +101,23 @@ def _init_worker(tag: str | None, parent: int | None = None) -> None:
         _die_with_parent(parent)
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(daemon: int) -> None:
     """A worker must not outlive the daemon: when the daemon is SIGKILLed (the OOM
     killer, a test) outside systemd's cgroup clean-up, its workers would otherwise wait
-    on their queue forever. Linux only; elsewhere a no-op."""
+    on their queue forever. The worker dies with its parent: the daemon, or the fork
+    server it was forked from, which exits when the daemon does. Linux only; elsewhere
+    a no-op."""
     import signal
 
+    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the daemon died before the signal was armed
+    # the parent, or the daemon, died before the signal was armed
+    if os.getppid() != parent or not _alive(daemon):
         os._exit(1)
 
 

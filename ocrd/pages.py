@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from PIL import Image, ImageOps
@@ -50,6 +50,14 @@ class DocInfo:
     pages: int
     renderer: str  # "pypdfium2", "pdf2image" or "pillow"
     pixels: int  # estimated pixels of all pages at the render dpi (for ordering)
+    # False: the file's end is missing (a PDF without %%EOF) although it reads; such a
+    # file is converted only once it has stopped changing (ocrd/readiness.py)
+    complete: bool = True
+    warnings: tuple[str, ...] = ()  # for the sidecar: what was odd about the file
+
+# A PDF without its end marker that opens and has pages: read as far as it goes.
+NO_TRAILER = ("the PDF ends without its trailer (%%EOF); it was read as far as its "
+              "pages go")
 
 
 # A render worker's pixel buffer for PDFium, kept between pages: a fresh 6 MB buffer per
@@ -126,7 +134,19 @@ def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) 
     """Decide whether the file is a complete, supported document and how big it is.
 
     Raises `errors.EmptyFile` / `errors.Truncated` for files that may still be being
-    written, and the other `OcrdError`s for files that will never convert."""
+    written, and the other `OcrdError`s for files that will never convert. Nothing else:
+    a library's unexpected exception becomes `errors.InternalError`, with its traceback."""
+    try:
+        return _probe(path, dpi, max_pages, max_bytes, max_pixels)
+    except errors.OcrdError:
+        raise
+    except MemoryError:
+        raise errors.TooLarge("the file is too large to read in memory") from None
+    except Exception as e:  # noqa: BLE001 - one file's surprise must stay that file's
+        raise errors.internal(e, "reading the file") from None
+
+
+def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) -> DocInfo:
     head, tail, size = _sniff(path)
     if size == 0:
         raise errors.EmptyFile("the file is empty (0 bytes)")
@@ -139,12 +159,28 @@ def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) 
 
 
 def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
-    if b"%%EOF" not in tail:
-        raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated "
-                               "or still being written")
-    pages, pixels, renderer = None, 0, "pypdfium2"
+    """A PDF with its trailer, or without one that still opens (then `complete` is False:
+    whether it is whole is for the caller to judge, from whether it still changes)."""
+    trailer = b"%%EOF" in tail
+    try:
+        info = _count_pdf(path, dpi)
+    except errors.Encrypted:
+        raise
+    except errors.OcrdError as e:
+        if trailer:
+            raise
+        raise errors.Truncated("the PDF ends without its trailer (%%EOF) and cannot be "
+                               f"read: it is truncated or still being written ({e})") from None
+    if info.pages > max_pages:
+        raise errors.TooManyPages(f"the PDF has {info.pages} pages, more than "
+                                  f"limits.max_pages ({max_pages})")
+    return info if trailer else replace(info, complete=False, warnings=(NO_TRAILER,))
+
+
+def _count_pdf(path: str, dpi: int) -> DocInfo:
     try:
         pages, pixels = _pdfium_count(path, dpi)
+        renderer = "pypdfium2"
     except errors.Encrypted:
         raise
     except errors.OcrdError:
@@ -154,9 +190,6 @@ def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
         pixels = pages * int(8.27 * dpi) * int(11.69 * dpi)
     if pages == 0:
         raise errors.Unreadable("the PDF has no pages")
-    if pages > max_pages:
-        raise errors.TooManyPages(f"the PDF has {pages} pages, more than limits.max_pages "
-                                  f"({max_pages})")
     return DocInfo("pdf", "PDF", pages, renderer, pixels)
 
 
@@ -169,12 +202,13 @@ def _pdfium_count(path: str, dpi: int) -> tuple[int, int]:
         raise _pdf_error(str(e)) from None
     try:
         n = len(doc)
-        if n:
+        pixels = 0
+        if n:  # the first page's size (some damaged files have none: poppler is asked)
             w, h = doc.get_page_size(0)
             pixels = int(w * dpi / 72) * int(h * dpi / 72) * n
-        else:
-            pixels = 0
         return n, pixels
+    except Exception as e:  # noqa: BLE001 - PDFium's failures on a damaged page tree
+        raise _pdf_error(f"PDFium cannot read the pages: {e}") from None
     finally:
         doc.close()
 
@@ -229,8 +263,17 @@ def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> Doc
         raise errors.UnsupportedFormat(
             "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
             f"JPEG 2000); it starts with {head[:8]!r}") from e
-    except (OSError, SyntaxError, EOFError) as e:
-        raise errors.Truncated(f"the image cannot be decoded completely ({e})") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - decoders raise many kinds on a damaged file
+        raise errors.Truncated(f"the image cannot be decoded completely ({_said(e)})") \
+            from None
+
+
+def _said(e: BaseException) -> str:
+    """An exception as one short clause: its text, else its kind."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:160] if lines else type(e).__name__
 
 
 _MAGIC = [(b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"),
@@ -289,7 +332,24 @@ def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
                 max_pixels: int, renderer: str | None = None) -> RenderedPage:
     """Render page `index` (0-based) as RGB at `dpi` (with a `Resolution`, a scanned page
     at about its image's own resolution), lowered for oversized pages so the image stays
-    within `max_pixels`."""
+    within `max_pixels`.
+
+    Raises `errors.OcrdError`s only: the page's own failure (RenderFailed, Damaged,
+    Truncated, PageTooSmall for a page smaller than any text), or the file's (Encrypted,
+    TooLarge); a library's unexpected exception becomes `errors.InternalError`."""
+    try:
+        return _render_page(path, info, index, dpi, max_pixels, renderer)
+    except errors.OcrdError:
+        raise
+    except MemoryError:
+        raise errors.RenderFailed(f"page {index + 1} is too large to render in memory") \
+            from None
+    except Exception as e:  # noqa: BLE001 - one page's surprise must stay that page's
+        raise errors.internal(e, f"rendering page {index + 1}") from None
+
+
+def _render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
+                 max_pixels: int, renderer: str | None) -> RenderedPage:
     renderer = renderer or info.renderer
     res = dpi if isinstance(dpi, Resolution) else Resolution(dpi, dpi, dpi)
     if info.kind == "image":
@@ -297,7 +357,7 @@ def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
     if renderer == "pypdfium2":
         try:
             return _render_pdfium(path, index, res, max_pixels)
-        except errors.Encrypted:
+        except (errors.Encrypted, errors.PageTooSmall):
             raise
         except errors.OcrdError:
             return _render_poppler(path, index, res, max_pixels)
@@ -325,13 +385,13 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
                        res.max_pixels(mode, max_pixels))
         if res.grey:  # in its own mode, for an engine that reads grey
             width, height, data, mode = modes.render_grey(page, dpi, one_bit)
-            pdffaults.check_page_size(width, height, index, "PDFium")
+            pdffaults.check_page_size(width, height, index, "PDFium", (w, h))
             page.close()
             return RenderedPage(index, width, height, data, dpi, mode=mode)
         maker = {"bitmap_maker": _scratch_bitmap} if pagepixels._shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
                              **maker)
-        pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium")
+        pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium", (w, h))
         if bitmap.mode != "RGB":
             img = bitmap.to_pil()
             page.close()
@@ -346,8 +406,11 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
         raw = b"" if shared is not None else _rgb_rows(view, width, height, stride)
         page.close()
         return RenderedPage(index, width, height, raw, dpi, shared=shared)
-    except pdfium.PdfiumError as e:
-        raise errors.RenderFailed(f"page {index + 1} cannot be rendered: {e}") from None
+    except errors.OcrdError:
+        raise
+    except (pdfium.PdfiumError, ValueError, OSError) as e:  # e.g. a crop box off the page
+        raise errors.RenderFailed(f"page {index + 1} cannot be rendered ({_said(e)})") \
+            from None
 
 
 def _rgb_rows(buf: memoryview, width: int, height: int, stride: int) -> bytes:
@@ -390,9 +453,11 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
             img = to_rgb(ImageOps.exif_transpose(im) or im)
     except errors.OcrdError:
         raise
-    except (OSError, SyntaxError, EOFError, ValueError) as e:
-        raise errors.Truncated(f"page {index + 1} of the image cannot be decoded ({e})") \
-            from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - decoders raise many kinds on a damaged frame
+        raise errors.Truncated(f"page {index + 1} of the image cannot be decoded "
+                               f"({_said(e)})") from None
     return _pack(img, index, 0.0, grey)
 
 
