@@ -97,7 +97,8 @@ def summary(outcomes: list[Outcome]) -> str:
     if degraded:
         text += f" ({degraded} with degraded pages)"
     if failed:
-        kinds = ", ".join(f"{n} {reason}" for reason, n in failed.most_common())
+        kinds = ", ".join(f"{n} {reason}" for reason, n in
+                          sorted(failed.items(), key=lambda kv: (-kv[1], kv[0])))
         text += f", {sum(failed.values())} failed: {kinds}"
     return text
 

@@ -166,11 +166,11 @@ def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
         info = _count_pdf(path, dpi)
     except errors.Encrypted:
         raise
-    except errors.OcrdError as e:
+    except errors.OcrdError:
         if trailer:
             raise
-        raise errors.Truncated("the PDF ends without its trailer (%%EOF) and cannot be "
-                               f"read: it is truncated or still being written ({e})") from None
+        raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated "
+                               "or still being written") from None
     if info.pages > max_pages:
         raise errors.TooManyPages(f"the PDF has {info.pages} pages, more than "
                                   f"limits.max_pages ({max_pages})")

@@ -10,6 +10,7 @@ Markdown — `write` reports it as `pdf_failed` for the sidecar and the metrics.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,8 @@ def _message(e: BaseException) -> str:
     if isinstance(e, OSError):
         return f"the PDF could not be written: {e.strerror or e}"
     text = str(e).strip().splitlines()
-    detail = text[0] if text else type(e).__name__
+    # qpdf names the input it read: here a descriptor's stream, of no use to a reader
+    detail = re.sub(r"^stream <[^>]*>\s*", "", text[0]) if text else type(e).__name__
     return f"the PDF could not be made ({type(e).__name__}: {detail[:300]})"
 
 
