@@ -12,7 +12,7 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from PIL import Image
 
-from ocrd import pages
+from ocrd import errors, pages
 
 MAX_PIXELS = 50_000_000
 
@@ -66,3 +66,50 @@ def test_outside_a_worker_pages_pickle_as_plain_bytes() -> None:
     copy = pickle.loads(pickle.dumps(page))
     assert copy == page and copy.data == page.data
     assert shared_files() == before
+
+
+def _sleep_then_pid(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_each_file_has_workers_of_its_own_and_a_crash_stays_with_its_call() -> None:
+    """Two files' workers are different processes (no library state goes from one file
+    to the next); a worker that crashes fails only the call that crashed it: the
+    file's other call, broken with it, is tried again alone and succeeds."""
+    async def scenario() -> None:
+        pool = pages.RenderPool(2)
+        await pool.start()
+        try:
+            async with pool.document() as a, pool.document() as b:
+                pa = {await a.call(os.getpid) for _ in range(3)}
+                pb = {await b.call(os.getpid) for _ in range(3)}
+                assert pa and pb and not pa & pb
+                innocent = asyncio.ensure_future(a.call(_sleep_then_pid, 1.0))
+                await asyncio.sleep(0.2)  # the innocent call is running when ...
+                with pytest.raises(errors.RenderFailed, match="crashed on this file twice"):
+                    await a.call(os._exit, 3)  # ... its sibling kills a worker
+                assert await innocent > 0
+                assert await b.call(os.getpid) in pb  # the other file never noticed
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unexpected_exception_in_a_worker_is_an_internal_error_with_its_traceback() -> None:
+    async def scenario() -> errors.InternalError:
+        pool = pages.RenderPool(1)
+        try:
+            with pytest.raises(errors.InternalError) as e:
+                await pool.call(int, "not a number")
+            return e.value
+        finally:
+            await pool.close()
+
+    err = asyncio.run(scenario())
+    assert err.reason == "internal_error"
+    assert "ValueError: invalid literal for int()" in str(err)
+    assert err.details and "Traceback" in err.details and "ValueError" in err.details
