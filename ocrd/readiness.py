@@ -10,11 +10,12 @@ claim it (to convert, or to fail it with a reason), wait and look again, reject 
 that is not a regular file, or forget an entry that is gone.
 
 Whether a file is whole is judged from whether it has stopped changing, never from its
-parse alone: a file that looks cut short (empty, a PDF without %%EOF, an image that does
-not decode to its end) is settled once its writer closed it (or moved it in) and it has
+parse alone: a file that looks cut short (a PDF without %%EOF, an image that does not
+decode to its end) is settled once its writer closed it (or moved it in) and it has
 stayed quiet since — or, where no such event is seen (network filesystems, files found
-by a scan), once it has not changed for `incomplete_seconds`. Then it is read as it is:
-converted if it reads (a PDF without %%EOF, with a warning), failed at once if not.
+by a scan), once it has not changed for `incomplete_seconds` (an empty file always
+waits that long). Then it is read as it is: converted if it reads (a PDF without %%EOF,
+with a warning), failed at once if not.
 """
 
 from __future__ import annotations
@@ -109,12 +110,15 @@ def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
     if (now_entry.size, now_entry.mtime_ns, now_entry.ino) != cand.key():
         return Changed(now_entry)
     if looks_cut_short(probe):
-        # Maybe still being written: read as it is once it has stopped changing.
-        if settled(cand, quiet_seconds, incomplete_seconds, now):
+        # Maybe still being written: read as it is once it has stopped changing. (An
+        # empty file waits the full incomplete_seconds: writers often create and close
+        # a file before they open it again to fill it.)
+        closed = cand.writer_done and not isinstance(probe, errors.EmptyFile)
+        if settled(cand, quiet_seconds, incomplete_seconds, now, closed):
             return Claim(error=probe) if isinstance(probe, errors.OcrdError) \
                 else Claim(info=probe)
         first = "incomplete" not in cand.reported
-        until = cand.last_change + quiet_seconds if cand.writer_done else None
+        until = cand.last_change + quiet_seconds if closed else None
         return Wait(report="incomplete" if first else None,
                     reason=probe.reason if isinstance(probe, errors.OcrdError)
                     else "no_trailer", until=until)
@@ -131,12 +135,11 @@ def looks_cut_short(probe: Probe) -> bool:
 
 
 def settled(cand: Candidate, quiet_seconds: float, incomplete_seconds: float,
-            now: float) -> bool:
-    """The file has stopped changing: its writer closed it (or moved it in) and it has
-    been quiet since, or it has not changed for `incomplete_seconds`."""
+            now: float, closed: bool) -> bool:
+    """The file has stopped changing: its writer closed it (or moved it in: `closed`)
+    and it has been quiet since, or it has not changed for `incomplete_seconds`."""
     quiet_for = now - cand.last_change
-    return (cand.writer_done and quiet_for >= quiet_seconds) or \
-        quiet_for >= incomplete_seconds
+    return (closed and quiet_for >= quiet_seconds) or quiet_for >= incomplete_seconds
 
 
 # -- the candidates of one inbox ----------------------------------------------------------

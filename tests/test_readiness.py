@@ -212,6 +212,8 @@ def test_a_file_its_writer_closed_is_read_as_it_is_once_quiet() -> None:
     assert decide(cand, NO_EOF, cand.entry, 5, 600, clock.t) == Claim(info=NO_EOF)
     cut = errors.Truncated("cut")
     assert decide(cand, cut, cand.entry, 5, 600, clock.t) == Claim(error=cut)
+    # an empty file is not settled by a close: writers create, close, then fill
+    assert isinstance(decide(cand, errors.EmptyFile("0"), cand.entry, 5, 600, clock.t), Wait)
     # written again after the close: no longer settled
     t.observe(entry("a.pdf", size=99))
     assert isinstance(decide(cand, cut, cand.entry, 5, 600, clock.t + 10), Wait)
