@@ -11,7 +11,6 @@ import ctypes
 import io
 import itertools
 import os
-import time
 from dataclasses import dataclass, field
 
 from PIL import Image
@@ -102,43 +101,20 @@ def _init_worker(tag: str | None, parent: int | None = None) -> None:
         _die_with_parent(parent)
 
 
-def _die_with_parent(daemon: int) -> None:
+def _die_with_parent(parent: int) -> None:
     """A worker must not outlive the daemon: when the daemon is SIGKILLed (the OOM
     killer, a test) outside systemd's cgroup clean-up, its workers would otherwise wait
-    on their queue forever. A worker the daemon started itself dies with it (Linux's
-    parent-death signal); one forked from the fork server (whose parent is that server,
-    kept alive by its workers) watches the daemon and exits when it is gone."""
+    on their queue forever. Linux only; elsewhere a no-op."""
     import signal
 
-    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
-        pass
-    # the parent, or the daemon, died before the signal was armed
-    if os.getppid() != parent or not _alive(daemon):
+        return
+    if os.getppid() != parent:  # the daemon died before the signal was armed
         os._exit(1)
-    if parent != daemon:
-        import threading
-
-        threading.Thread(target=_exit_with, args=(daemon,), name="ocrd-daemon-watch",
-                         daemon=True).start()
-
-
-def _exit_with(daemon: int) -> None:
-    """Exit this worker as soon as the daemon process is gone."""
-    import select
-
-    try:
-        fd = os.pidfd_open(daemon)
-    except (OSError, AttributeError):  # no pidfd (old kernel): look every second
-        while _alive(daemon):
-            time.sleep(1.0)
-        os._exit(1)
-    select.select([fd], [], [])  # readable once the process has exited
-    os._exit(1)
 
 
 def _to_shared(data: bytes | memoryview) -> str | None:

@@ -194,12 +194,7 @@ def _count_pdf(path: str, dpi: int) -> DocInfo:
 
 
 def _pdfium_count(path: str, dpi: int) -> tuple[int, int]:
-    import pypdfium2 as pdfium
-
-    try:
-        doc = pdfium.PdfDocument(_reader(path), autoclose=True)
-    except pdfium.PdfiumError as e:
-        raise _pdf_error(str(e)) from None
+    doc = open_pdfium(path)
     try:
         n = len(doc)
         pixels = 0
@@ -295,6 +290,48 @@ def _image_magic(head: bytes) -> str | None:
 # by the file's identity, not only its path: /proc/PID/fd/N names another file once the
 # daemon has closed N and opened the next document.
 _open_pdf: dict[tuple, Any] = {}
+# The file this worker works for (ocrd/render_pool.py names it with every call), and
+# whether PDFium has been used since the worker last started clean.
+_document: int | None = None
+_pdfium_used = False
+# A PDF that PDFium refuses at once with a format error: loaded (and refused) before
+# each real load, so that PDFium's "last error" is never one an earlier file left.
+_NOT_A_PDF = b"%PDF-1.0\n"
+
+
+def begin_document(document: int) -> None:
+    """Worker side: the next calls are for `document`. A worker that served another
+    file starts clean: its open documents closed, PDFium's state (errors, caches, fonts)
+    made anew."""
+    global _document, _pdfium_used
+    if document == _document:
+        return
+    _document = document
+    for old in _open_pdf.values():
+        old.close()
+    _open_pdf.clear()
+    if _pdfium_used:
+        from pypdfium2 import _library_scope as pdfium_library
+
+        pdfium_library.destroy_lib()  # closes whatever PDFium object is still open
+        pdfium_library.init_lib()
+        _pdfium_used = False
+
+
+def open_pdfium(path: str) -> Any:
+    """The PDF at `path` as a PDFium document (opened the safe way, `_reader`); a PDF
+    PDFium cannot open raises its OcrdError (Encrypted only for a password it asked
+    for on this very file)."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    global _pdfium_used
+    _pdfium_used = True
+    pdfium_c.FPDF_LoadMemDocument64(_NOT_A_PDF, len(_NOT_A_PDF), None)  # fresh last error
+    try:
+        return pdfium.PdfDocument(_reader(path), autoclose=True)
+    except pdfium.PdfiumError as e:
+        raise _pdf_error(str(e)) from None
 
 
 def _doc_key(path: str) -> tuple:
@@ -306,18 +343,13 @@ def _doc_key(path: str) -> tuple:
 
 
 def _pdfium_doc(path: str) -> Any:
-    import pypdfium2 as pdfium
-
     key = _doc_key(path)
     doc = _open_pdf.get(key)
     if doc is None:
         for old in _open_pdf.values():
             old.close()
         _open_pdf.clear()
-        try:
-            doc = pdfium.PdfDocument(_reader(path), autoclose=True)
-        except pdfium.PdfiumError as e:
-            raise _pdf_error(str(e)) from None
+        doc = open_pdfium(path)
         _open_pdf[key] = doc
     return doc
 

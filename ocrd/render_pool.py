@@ -2,11 +2,11 @@
 worker processes (PDFium is not thread-safe, and decoding is CPU work that must stay
 off the event loop), and survives a worker that crashes or hangs on a hostile file.
 
-Every file gets workers of its own (`RenderPool.document()`), forked from a server
-process that has imported the renderers and opened no document: no library state
-(PDFium's last error, its caches and fonts, a heap a hostile file left damaged) goes
-from one file to the next, and a worker that crashes takes down only its own file's
-pages. The workers of all files together run at most `workers` calls at a time.
+The workers serve every file, and start clean for each: a call names its file (its
+`DocumentWorkers`), and a worker that moves to another file first drops what the last
+one left in it — its open documents and PDFium's whole state (errors, caches, fonts:
+`pages.begin_document`). A worker that crashes fails only the call that crashed it:
+the calls it took down with it are tried again, each alone in a worker of its own.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ from typing import Any
 from . import errors
 from .pagepixels import SHARED_PREFIX, _init_worker, _remove_shared, _shared_dir_usable
 
-# What the fork server imports once, so that a file's workers start in milliseconds.
-PRELOAD = ["ocrd.pages", "ocrd.previews", "ocrd.textpdf"]
-
 
 def _warm() -> int:
     """Import the heavy modules once so the first real page is not slowed down."""
@@ -35,14 +32,12 @@ def _warm() -> int:
     return os.getpid()
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """Workers forked from a fork server (one per ocrd process, started on first use)
-    where the platform has one; spawned where it has not."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+def _in_document(document: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Worker side: `fn(*args)` for `document`, in a worker cleaned of any other's."""
+    from .pages import begin_document
+
+    begin_document(document)
+    return fn(*args)
 
 
 # ---------------------------------------------------------------------------------------
@@ -50,140 +45,130 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 class RenderPool:
-    """Worker processes for probing and rendering, made fresh for every file.
+    """Worker processes for probing and rendering.
 
-    `document()` gives one file its workers; `call()` runs one call in workers of its own
-    (a probe of a file in an inbox). A worker that crashes (a segfault in a decoder)
-    breaks only that file's workers: they are made anew, and the call is tried once
-    more, alone in a worker of its own, before the file (or the page) is blamed.
+    A worker that crashes (a segfault in a decoder) or hangs breaks the whole
+    ProcessPoolExecutor; the pool is then rebuilt, and each call it broke is tried once
+    more, alone in a worker of its own, before its file (or page) is blamed — the crash
+    may have been another file's.
     """
 
     def __init__(self, workers: int, timeout: float = 300.0) -> None:
         self.workers = workers or os.cpu_count() or 1
         self.timeout = timeout
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._generation = 0
         self._shared = _shared_dir_usable()
         # unique per pool object too: the daemon runs two pools (render and probe)
         self._tag = f"{os.getpid()}-{id(self):x}"
-        self._seq = itertools.count(1)
-        self._running: asyncio.Semaphore | None = None
-        self._open: set[DocumentWorkers] = set()
+        self._documents = itertools.count(1)
 
-    def _shared_prefix(self) -> str:
-        return f"{SHARED_PREFIX}{self._tag}-"
+    def _shared_prefix(self, generation: int | None = None) -> str:
+        gen = "" if generation is None else f"{generation}-"
+        return f"{SHARED_PREFIX}{self._tag}-{gen}"
 
-    def running(self) -> asyncio.Semaphore:
-        """Calls running now, all files together: at most `workers`."""
-        if self._running is None:
-            self._running = asyncio.Semaphore(self.workers)
-        return self._running
+    def _executor(self, workers: int, tag: str | None) -> concurrent.futures.ProcessPoolExecutor:
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker, initargs=(tag, os.getpid()))
+
+    def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            generation = self._generation + 1
+            self._pool = self._executor(
+                self.workers, f"{self._tag}-{generation}" if self._shared else None)
+            self._generation = generation
+        return self._pool
 
     def document(self) -> DocumentWorkers:
-        """Workers for one file, used as `async with pool.document() as workers:`."""
-        tag = f"{self._tag}-{next(self._seq)}" if self._shared else None
-        return DocumentWorkers(self, tag)
+        """The workers as one file uses them: `async with pool.document() as workers`."""
+        return DocumentWorkers(self, next(self._documents))
 
     async def start(self) -> None:
         if self._shared:  # page files a crashed daemon left behind
             await asyncio.to_thread(_remove_shared, SHARED_PREFIX, True)
-        await self.call(_warm)  # starts the fork server, which imports the renderers
+        pool = self._ensure()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(pool, _warm) for _ in range(self.workers)))
+
+    def _discard(self, generation: int) -> None:
+        pool = self._pool
+        if pool is None or generation != self._generation:
+            return  # already rebuilt by someone else
+        self._pool = None
+        _kill(pool)
+        if self._shared:  # pages the killed workers wrote that nobody will read
+            _remove_shared(self._shared_prefix(generation))
 
     async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
-        """`fn(*args)` in a worker of its own."""
-        async with self.document() as workers:
-            return await workers.call(fn, *args, timeout=timeout)
+        """`fn(*args)` for a file of its own (one call: a probe of an inbox file)."""
+        return await self.document().call(fn, *args, timeout=timeout)
+
+    async def _call(self, document: int, fn: Callable[..., Any], args: tuple,
+                    timeout: float | None) -> Any:
+        limit = timeout or self.timeout
+        pool = self._ensure()
+        generation = self._generation
+        try:
+            return await _run(pool, document, fn, args, limit)
+        except BrokenProcessPool:
+            self._discard(generation)
+        except TimeoutError:
+            self._discard(generation)
+            raise _too_long(limit) from None
+        # Once more, alone: a worker that dies breaks every call of its pool, and the
+        # crash may have been another call's; alone, a call that crashes again is
+        # that call's own failure.
+        alone = self._executor(1, f"{self._tag}-alone{document}" if self._shared else None)
+        try:
+            return await _run(alone, document, fn, args, limit)
+        except BrokenProcessPool:
+            raise errors.RenderFailed(
+                "the renderer crashed on this file twice (a damaged or hostile "
+                "file?)") from None
+        except TimeoutError:
+            raise _too_long(limit) from None
+        finally:
+            _kill(alone)
+            if self._shared:
+                _remove_shared(f"{SHARED_PREFIX}{self._tag}-alone{document}-")
 
     async def close(self) -> None:
-        for workers in list(self._open):
-            await workers.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         if self._shared:
             _remove_shared(self._shared_prefix())
 
 
 class DocumentWorkers:
-    """The worker processes of one file: started as its calls need them (up to the
-    pool's `workers`), gone when the file is done."""
+    """The pool as one file uses it: every call names the file, so that a worker that
+    last served another file starts clean for this one."""
 
-    def __init__(self, pool: RenderPool, tag: str | None) -> None:
+    def __init__(self, pool: RenderPool, document: int) -> None:
         self.pool = pool
-        self.tag = tag
-        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
-        self._generation = 0
+        self.document = document
 
     async def __aenter__(self) -> DocumentWorkers:
-        self.pool._open.add(self)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def _new(self, workers: int) -> concurrent.futures.ProcessPoolExecutor:
-        tag = f"{self.tag}-{self._generation}" if self.tag else None
-        return concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, mp_context=_context(),
-            initializer=_init_worker, initargs=(tag, os.getpid()))
-
-    def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._executor is None:
-            self._generation += 1
-            self._executor = self._new(self.pool.workers)
-        return self._executor
+        pass
 
     async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
-        """`fn(*args)` in one of this file's workers. Raises what `fn` raises (an
-        unexpected exception as `errors.InternalError`), or RenderFailed when the worker
-        crashed twice or took longer than the timeout."""
-        limit = timeout or self.pool.timeout
-        async with self.pool.running():
-            executor = self._ensure()
-            try:
-                return await _run(executor, fn, args, limit)
-            except BrokenProcessPool:
-                self._discard(executor)
-            except TimeoutError:
-                self._discard(executor)
-                raise _too_long(limit) from None
-            # Tried once more in a worker of its own: the crash may have been another
-            # call's (a worker that dies breaks every call of its executor).
-            alone = self._new(1)
-            try:
-                return await _run(alone, fn, args, limit)
-            except BrokenProcessPool:
-                raise errors.RenderFailed(
-                    "the renderer crashed on this file twice (a damaged or hostile "
-                    "file?)") from None
-            except TimeoutError:
-                raise _too_long(limit) from None
-            finally:
-                _kill(alone)
-
-    def _discard(self, executor: concurrent.futures.ProcessPoolExecutor) -> None:
-        if self._executor is executor:
-            self._executor = None
-        _kill(executor)
-        if self.tag:  # pages the killed workers wrote that nobody will read
-            _remove_shared(f"{SHARED_PREFIX}{self.tag}-{self._generation}-")
-
-    async def close(self) -> None:
-        """Let the workers go and wait for them to exit: none is left behind."""
-        executor, self._executor = self._executor, None
-        try:
-            if executor is not None:
-                procs = _processes(executor)
-                executor.shutdown(wait=False, cancel_futures=True)
-                await asyncio.to_thread(_join, procs)
-        finally:
-            self.pool._open.discard(self)
-            if self.tag:
-                _remove_shared(f"{SHARED_PREFIX}{self.tag}-")
+        """`fn(*args)` in a worker. Raises what `fn` raises (an unexpected exception as
+        `errors.InternalError`), or RenderFailed when the worker crashed twice or took
+        longer than the timeout."""
+        return await self.pool._call(self.document, fn, args, timeout)
 
 
-async def _run(executor: concurrent.futures.ProcessPoolExecutor, fn: Callable[..., Any],
-               args: tuple, limit: float) -> Any:
+async def _run(executor: concurrent.futures.ProcessPoolExecutor, document: int,
+               fn: Callable[..., Any], args: tuple, limit: float) -> Any:
     """The call's result; its OcrdError; BrokenProcessPool or TimeoutError for the
     caller to handle; any other exception as InternalError."""
     loop = asyncio.get_running_loop()
     try:
-        fut = loop.run_in_executor(executor, fn, *args)
+        fut = loop.run_in_executor(executor, _in_document, document, fn, *args)
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
         # that races with the result
         async with asyncio.timeout(limit):
@@ -198,22 +183,9 @@ def _too_long(limit: float) -> errors.RenderFailed:
     return errors.RenderFailed(f"rendering took longer than {limit:.0f} s and was stopped")
 
 
-def _processes(executor: concurrent.futures.ProcessPoolExecutor) -> list[Any]:
-    return list((getattr(executor, "_processes", None) or {}).values())
-
-
 def _kill(executor: concurrent.futures.ProcessPoolExecutor) -> None:
     """A hung worker never returns: kill the processes, do not wait for them."""
-    for proc in _processes(executor):
+    for proc in list((getattr(executor, "_processes", None) or {}).values()):
         with contextlib.suppress(Exception):
             proc.kill()
     executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _join(procs: list[Any], grace: float = 10.0) -> None:
-    """Wait for workers told to stop; kill one that does not within `grace` seconds."""
-    for proc in procs:
-        proc.join(grace)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(5)
