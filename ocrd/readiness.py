@@ -12,10 +12,10 @@ that is not a regular file, or forget an entry that is gone.
 Whether a file is whole is judged from whether it has stopped changing, never from its
 parse alone: a file that looks cut short (a PDF without %%EOF, an image that does not
 decode to its end) is settled once its writer closed it (or moved it in) and it has
-stayed quiet since — or, where no such event is seen (network filesystems, files found
-by a scan), once it has not changed for `incomplete_seconds` (an empty file always
-waits that long). Then it is read as it is: converted if it reads (a PDF without %%EOF,
-with a warning), failed at once if not.
+stayed unchanged since for CLOSED_SETTLE_SECONDS — or, where no such event is seen
+(network filesystems, files found by a scan), once it has not changed for
+`incomplete_seconds` (an empty file always waits that long). Then it is read as it is:
+converted if it reads (a PDF without %%EOF, with a warning), failed at once if not.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from .watch import Entry
 
 # Waiting between checks of a file that looked incomplete: grows to this.
 MAX_RECHECK_SECONDS = 30.0
+# A file that looks cut short is settled this long (at least quiet_seconds, at most
+# incomplete_seconds) after its writer closed it: some writers (scanners) close the file
+# between chunks and open it again to append, pausing a few seconds in between.
+CLOSED_SETTLE_SECONDS = 10.0
 
 
 @dataclass
@@ -118,7 +122,8 @@ def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
             return Claim(error=probe) if isinstance(probe, errors.OcrdError) \
                 else Claim(info=probe)
         first = "incomplete" not in cand.reported
-        until = cand.last_change + quiet_seconds if closed else None
+        until = cand.last_change + _closed_settle(quiet_seconds, incomplete_seconds) \
+            if closed else None
         return Wait(report="incomplete" if first else None,
                     reason=probe.reason if isinstance(probe, errors.OcrdError)
                     else "no_trailer", until=until)
@@ -137,9 +142,15 @@ def looks_cut_short(probe: Probe) -> bool:
 def settled(cand: Candidate, quiet_seconds: float, incomplete_seconds: float,
             now: float, closed: bool) -> bool:
     """The file has stopped changing: its writer closed it (or moved it in: `closed`)
-    and it has been quiet since, or it has not changed for `incomplete_seconds`."""
+    and it has not changed since for CLOSED_SETTLE_SECONDS, or it has not changed for
+    `incomplete_seconds`."""
     quiet_for = now - cand.last_change
-    return (closed and quiet_for >= quiet_seconds) or quiet_for >= incomplete_seconds
+    return (closed and quiet_for >= _closed_settle(quiet_seconds, incomplete_seconds)) \
+        or quiet_for >= incomplete_seconds
+
+
+def _closed_settle(quiet_seconds: float, incomplete_seconds: float) -> float:
+    return min(incomplete_seconds, max(quiet_seconds, CLOSED_SETTLE_SECONDS))
 
 
 # -- the candidates of one inbox ----------------------------------------------------------

@@ -10,7 +10,16 @@ import pytest
 from ocrd import errors
 from ocrd.config import InboxConfig
 from ocrd.pages import DocInfo
-from ocrd.readiness import Changed, Claim, Forget, Reject, Tracker, Wait, decide
+from ocrd.readiness import (
+    CLOSED_SETTLE_SECONDS,
+    Changed,
+    Claim,
+    Forget,
+    Reject,
+    Tracker,
+    Wait,
+    decide,
+)
 from ocrd.watch import Entry, Ignore, fs_type, is_network_fs, scan
 
 
@@ -195,18 +204,21 @@ def test_a_file_cut_short_waits_while_its_writer_may_still_write() -> None:
     assert decide(c, NO_EOF, c.entry, 5, 600, now=600) == Claim(info=NO_EOF)
 
 
-def test_a_file_its_writer_closed_is_read_as_it_is_once_quiet() -> None:
-    """Closed after writing (or moved in) and quiet since: settled. A PDF without %%EOF
-    that reads is converted, one that does not fails at once (not after 600 s)."""
+def test_a_file_its_writer_closed_is_read_as_it_is_once_settled() -> None:
+    """Closed after writing (or moved in) and unchanged for CLOSED_SETTLE_SECONDS since
+    (writers that close between chunks pause a few seconds): settled. A PDF without
+    %%EOF that reads is converted, one that does not fails — not after 600 s."""
     clock = Clock()
     t = Tracker(5, 600, fast_close=True, clock=clock)
     cand = t.observe(entry("a.pdf"), closed=True)
     assert t.due() == [cand]  # checked at once ...
     waiting = decide(cand, NO_EOF, cand.entry, 5, 600, clock.t)
-    assert waiting == Wait(report="incomplete", reason="no_trailer", until=clock.t + 5)
-    t.recheck_later(cand, waiting.until)  # ... and again when the quiet period ends
-    clock.t += 4.9
+    assert waiting == Wait(report="incomplete", reason="no_trailer",
+                           until=clock.t + CLOSED_SETTLE_SECONDS)
+    t.recheck_later(cand, waiting.until)  # ... and again once it may have settled
+    clock.t += CLOSED_SETTLE_SECONDS - 0.1
     assert t.due() == []
+    assert isinstance(decide(cand, NO_EOF, cand.entry, 5, 600, clock.t), Wait)
     clock.t += 0.1
     assert t.due() == [cand]
     assert decide(cand, NO_EOF, cand.entry, 5, 600, clock.t) == Claim(info=NO_EOF)
@@ -214,6 +226,9 @@ def test_a_file_its_writer_closed_is_read_as_it_is_once_quiet() -> None:
     assert decide(cand, cut, cand.entry, 5, 600, clock.t) == Claim(error=cut)
     # an empty file is not settled by a close: writers create, close, then fill
     assert isinstance(decide(cand, errors.EmptyFile("0"), cand.entry, 5, 600, clock.t), Wait)
+    # never longer than incomplete_seconds, nor shorter than the quiet period
+    assert decide(cand, cut, cand.entry, 5, 4, clock.t - CLOSED_SETTLE_SECONDS + 4) == \
+        Claim(error=cut)
     # written again after the close: no longer settled
     t.observe(entry("a.pdf", size=99))
     assert isinstance(decide(cand, cut, cand.entry, 5, 600, clock.t + 10), Wait)
