@@ -53,6 +53,7 @@ OM_EXIT = {0: "ok", 1: "bad_args", 2: "input_file", 3: "missing_dependency",
            7: "child_process_error", 8: "encrypted_pdf", 9: "invalid_config",
            10: "pdfa_conversion_failed", 15: "other_error", 130: "interrupted"}
 OCRD_EXIT = {0, 1, 3, 4, 5, 6, 7}
+OM_TIMEOUT = 600  # seconds for one file (one page takes seconds): stopped as "hung"
 _PROGRESS = re.compile(r"^\d+/\d+ (.+?): (?:ok → (\S+) \(|FAILED \[(\w+)\] (.*))")
 
 
@@ -261,10 +262,12 @@ def run_om(path: Path, out: Path, binary: str, jobs: int | None, cache: Path | N
         note = "--image-dpi 200"
     if jobs:
         cmd[1:1] = ["-j", str(jobs)]
-    rc, wall, _cpu, err = timed(cmd, {**os.environ, "OMP_THREAD_LIMIT": "1"}, out, 1800)
+    rc, wall, _cpu, err = timed(cmd, {**os.environ, "OMP_THREAD_LIMIT": "1"}, out,
+                                OM_TIMEOUT)
     ok = rc == 0 and sidecar.exists()
     last = [line for line in err.splitlines() if line.strip()][-1:] or [""]
-    result = {"ok": ok, "outcome": "ok" if ok else OM_EXIT.get(rc, f"exit_{rc}"),
+    outcome = "ok" if ok else "hung" if wall >= OM_TIMEOUT else OM_EXIT.get(rc, f"exit_{rc}")
+    result = {"ok": ok, "outcome": outcome,
               "note": note if ok else f"{note} {last[0][:120]}".strip(),
               "text": sidecar.read_text(errors="replace") if ok else "",
               "wall": round(wall, 1), "traceback": "Traceback (most recent" in err}

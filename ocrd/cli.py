@@ -302,6 +302,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if missing:
         return ExitCode.USAGE
     jobs = jobs_for(args.files, args.output)
+    if not jobs:
+        print("ocrd: no files to convert (the folders given hold none)", file=sys.stderr)
+        return ExitCode.OK
     progress = Progress(len(jobs), enabled=not args.quiet)
     level = "error" if args.quiet else ("warning", "info", "debug")[min(args.verbose, 2)]
     # Log events in the same words as the progress, unless JSON is asked for by name.

@@ -151,3 +151,7 @@ def test_a_folder_is_walked_as_an_inbox_is(tmp_path: Path) -> None:
     # a second run does not take the first run's outputs for documents
     again = convert(docs, "-o", docs / "out", "-j", "1", "-q", cwd=tmp_path)
     assert "out/" not in again.stderr and again.returncode == 3, again.stderr
+    empty = tmp_path / "empty"
+    (empty / ".stfolder").mkdir(parents=True)  # nothing but what an inbox skips
+    r = convert(empty, "-o", "out", cwd=tmp_path)
+    assert r.returncode == 0 and "no files to convert" in r.stderr
