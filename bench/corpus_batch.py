@@ -404,6 +404,9 @@ def report(rows: list[Row], conv: dict, daemon: dict, with_daemon: bool) -> None
 
 
 def main(args: Any) -> None:
+    # the interpreter as given (a venv's bin/python, maybe relative): absolute, for the
+    # commands that run in other folders
+    sys.executable = os.path.abspath(sys.executable)
     if args.select:
         if not args.mirrors:
             raise SystemExit("--select needs --mirrors")
