@@ -26,6 +26,9 @@ class OcrdError(Exception):
 
     reason = "error"
     exit_code = ExitCode.BAD_INPUT
+    # the file may still be being written (its end missing): readiness judges it only
+    # once it has stopped changing (ocrd/readiness.py)
+    cut_short = False
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
@@ -35,10 +38,12 @@ class OcrdError(Exception):
 
 class EmptyFile(OcrdError):
     reason = "empty"
+    cut_short = True
 
 
 class Truncated(OcrdError):
     reason = "truncated"
+    cut_short = True
 
 
 class UnsupportedFormat(OcrdError):

@@ -7,9 +7,11 @@ re-exported here, as the rest of ocrd and the tests know them as `pages.*`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -153,7 +155,7 @@ def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int)
     if size > max_bytes:
         raise errors.TooLarge(f"the file has {size} bytes, more than limits.max_file_bytes "
                               f"({max_bytes})")
-    if b"%PDF-" in head:
+    if b"%PDF" in head:  # some writers leave out the version's dash: PDFium reads them
         return _probe_pdf(path, tail, dpi, max_pages)
     return _probe_image(path, head, max_pages, max_pixels)
 
@@ -181,8 +183,15 @@ def _count_pdf(path: str, dpi: int) -> DocInfo:
     try:
         pages, pixels = _pdfium_count(path, dpi)
         renderer = "pypdfium2"
-    except errors.Encrypted:
-        raise
+    except errors.Encrypted as locked:
+        # PDFium asks for a password that poppler may not need (an empty user password
+        # under a security handler PDFium lacks): encrypted only if poppler asks too.
+        try:
+            pages = _poppler_count(path)
+        except errors.OcrdError:
+            raise locked from None
+        renderer = "pdf2image"
+        pixels = pages * int(8.27 * dpi) * int(11.69 * dpi)
     except errors.OcrdError:
         # PDFium refuses some damaged files that poppler repairs: try it before giving up.
         renderer = "pdf2image"
@@ -230,7 +239,38 @@ def _pdf_error(text: str) -> errors.OcrdError:
 
 def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
     try:
-        with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
+        return _read_image(path, max_pages, max_pixels)
+    except errors.Truncated as cut:
+        # Read as far as it goes: an image whose last bytes are missing (Pillow's
+        # "truncated") mostly decodes; whether it is whole is the caller's to judge.
+        try:
+            with _lenient():
+                info = _read_image(path, max_pages, max_pixels)
+        except Exception:  # noqa: BLE001 - not even that: it fails as it is
+            raise cut from None
+        return replace(info, complete=False, warnings=(NO_IMAGE_END,))
+    except errors.OcrdError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise errors.TooLarge(f"the image is too large to decode safely ({e})") from None
+    except (Image.UnidentifiedImageError, ValueError) as e:
+        if _image_magic(head):
+            raise errors.Truncated(f"the {_image_magic(head)} image is damaged or incomplete "
+                                   "(its header cannot be read)") from None
+        raise errors.UnsupportedFormat(
+            "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
+            f"JPEG 2000); it starts with {head[:8]!r}") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Pillow refused it while opening it
+        raise _undecodable(e, _image_magic(head) or "image") from None
+
+
+def _read_image(path: str, max_pages: int, max_pixels: int) -> DocInfo:
+    """Open and decode the whole image (its last page too); an image Pillow opens but
+    cannot decode raises its OcrdError (`_undecodable`)."""
+    with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
+        try:
             fmt = im.format or "?"
             w, h = im.size
             if w * h > max_pixels:
@@ -247,22 +287,48 @@ def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> Doc
                 im.seek(frames - 1)
             im.load()
             return DocInfo("image", fmt, frames, "pillow", w * h * frames)
-    except errors.OcrdError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise errors.TooLarge(f"the image is too large to decode safely ({e})") from None
-    except (Image.UnidentifiedImageError, ValueError) as e:
-        if _image_magic(head):
-            raise errors.Truncated(f"the {_image_magic(head)} image is damaged or incomplete "
-                                   "(its header cannot be read)") from None
-        raise errors.UnsupportedFormat(
-            "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
-            f"JPEG 2000); it starts with {head[:8]!r}") from e
-    except MemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 - decoders raise many kinds on a damaged file
-        raise errors.Truncated(f"the image cannot be decoded completely ({_said(e)})") \
-            from None
+        except (errors.OcrdError, Image.DecompressionBombError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - decoders raise many kinds on a damaged file
+            raise _undecodable(e, im.format or "image") from None
+
+
+# An image whose last bytes are missing that decodes as far as it goes.
+NO_IMAGE_END = ("the image ends early; it was read as far as it goes (what is missing "
+                "shows as grey)")
+
+
+def _undecodable(e: Exception, fmt: str) -> errors.OcrdError:
+    """The failure of an image Pillow opened but could not decode: truncated when its
+    bytes stop, unsupported_format for a variant Pillow does not read, else damaged.
+    Each may also be a file still being written (`cut_short`): readiness waits for it to
+    stop changing before failing it."""
+    said = _said(e)
+    low = said.lower()
+    if isinstance(e, EOFError) or "truncated" in low or "premature end" in low:
+        err: errors.OcrdError = errors.Truncated(
+            f"the {fmt} image cannot be decoded completely ({said})")
+    elif "unsupported" in low or "not supported" in low or "unknown" in low:
+        err = errors.UnsupportedFormat(f"the {fmt} image is of a kind ocrd cannot read "
+                                       f"({said})")
+    else:
+        err = errors.Damaged(f"the {fmt} image is damaged and cannot be decoded ({said})")
+    err.cut_short = True
+    return err
+
+
+@contextlib.contextmanager
+def _lenient() -> Iterator[None]:
+    """Pillow decodes an image whose end is missing as far as it goes (worker side: one
+    call at a time, so the switch is the call's alone)."""
+    from PIL import ImageFile
+
+    before = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = True
+    try:
+        yield
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = before
 
 
 def _said(e: BaseException) -> str:
@@ -385,7 +451,8 @@ def _render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
     renderer = renderer or info.renderer
     res = dpi if isinstance(dpi, Resolution) else Resolution(dpi, dpi, dpi)
     if info.kind == "image":
-        return _render_image(path, index, max_pixels, res.grey)
+        with _lenient() if not info.complete else contextlib.nullcontext():
+            return _render_image(path, index, max_pixels, res.grey)
     if renderer == "pypdfium2":
         try:
             return _render_pdfium(path, index, res, max_pixels)

@@ -133,10 +133,11 @@ def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
 
 
 def looks_cut_short(probe: Probe) -> bool:
-    """The probe found the file's end missing: it may still be being written."""
+    """The probe found the file's end missing, or failed as a file still being written
+    would: it may still be being written."""
     if isinstance(probe, DocInfo):
         return not probe.complete
-    return isinstance(probe, errors.EmptyFile | errors.Truncated)
+    return probe.cut_short
 
 
 def settled(cand: Candidate, quiet_seconds: float, incomplete_seconds: float,

@@ -199,7 +199,9 @@ def test_a_file_cut_short_waits_while_its_writer_may_still_write() -> None:
     """No close event (a writer holding it open, or a network share): it waits, quiet or
     not, until incomplete_seconds without a change — readable or not."""
     c = cand_at(0)
-    for probe in (NO_EOF, errors.Truncated("cut"), errors.EmptyFile("0 bytes")):
+    undecodable = errors.Damaged("the PNG image is damaged and cannot be decoded")
+    undecodable.cut_short = True  # as an image still being written fails to decode
+    for probe in (NO_EOF, errors.Truncated("cut"), errors.EmptyFile("0 bytes"), undecodable):
         assert isinstance(decide(c, probe, c.entry, 5, 600, now=300), Wait), probe
     assert decide(c, NO_EOF, c.entry, 5, 600, now=600) == Claim(info=NO_EOF)
 

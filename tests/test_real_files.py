@@ -194,3 +194,35 @@ def test_a_pdf_still_being_written_waits_and_one_cut_short_fails_at_once(
     err = json.loads((d.failed / "cut.pdf.error.json").read_text())
     assert err["reason"] == "truncated", err
     assert "Radio" in (d.outbox / "slow.md").read_text()
+
+
+def test_what_the_corpus_run_found(tmp_path: Path) -> None:
+    """Files of the corpus run (bench/corpus_sources.txt) that got a wrong reason, and a
+    mutant of the fuzz run that ended the whole call:
+    - truncated_jpeg.jpg misses its last bytes but decodes: converted, with a warning
+      (was failed as truncated; OCRmyPDF converts it);
+    - pr6531_2.pdf: PDFium asks for a password poppler does not need: converted (was
+      failed as encrypted; OCRmyPDF converts it);
+    - bug_782596.pdf starts "%PDF" without the version's dash, and PDFium reads it (was
+      unsupported_format);
+    - rgb32-111110.bmp is a BMP variant Pillow does not read: unsupported_format (was
+      truncated);
+    - phototest-fuzzed.tif (tesseract's phototest.tif mutated by tests/document_fuzz.py)
+      made Pillow raise TypeError: the call ended with a traceback; now damaged."""
+    names = ["truncated_jpeg.jpg", "pr6531_2.pdf", "bug_782596.pdf", "rgb32-111110.bmp",
+             "phototest-fuzzed.tif"]
+    files = dict(zip(names, copies(tmp_path, *names), strict=True))
+    r = convert(tmp_path / "in", "-o", "out", "-j", "1", cwd=tmp_path)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 3, r.stderr
+    for name in names[:3]:
+        (line,) = lines_for(r.stderr, files[name])
+        assert ": ok → " in line, line
+    (bmp,) = lines_for(r.stderr, files["rgb32-111110.bmp"])
+    assert "FAILED [unsupported_format]" in bmp and "BMP" in bmp, bmp
+    (tif,) = lines_for(r.stderr, files["phototest-fuzzed.tif"])
+    assert "FAILED [damaged]" in tif, tif
+    jpeg = sidecar(tmp_path / "out", "truncated_jpeg")
+    assert [w for w in jpeg["warnings"] if "ends early" in w], jpeg
+    assert sidecar(tmp_path / "out", "pr6531_2")["source"]["renderer"] == "pdf2image"
+    assert r.stderr.splitlines()[-1] == "3 converted, 2 failed: 1 damaged, 1 unsupported_format"
