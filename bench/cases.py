@@ -248,20 +248,22 @@ async def _render_ocrd(path: Path, pages_n: int, workers: int) -> dict:
     from ocrd import pages
 
     pool = pages.RenderPool(workers)
-    await pool.start()  # worker start-up is the daemon's, once: not per page
+    await pool.start()  # the fork server is the daemon's, once: not per page
     try:
-        info = await pool.call(pages.probe, str(path), DPI, 10_000, 2**31, 200_000_000)
-        sem = asyncio.Semaphore(2 * workers)  # as the daemon: a bounded look-ahead
-
-        async def one(i: int) -> int:
-            async with sem:
-                page = await pool.call(pages.render_page, str(path), info, i, DPI,
-                                       200_000_000)
-                return len(page.data)
-
+        # as the daemon: the document's own workers (started within the timing)
         t0 = time.perf_counter()
-        sizes = await asyncio.gather(*(one(i) for i in range(pages_n)))
-        seconds = time.perf_counter() - t0
+        async with pool.document() as doc:
+            info = await doc.call(pages.probe, str(path), DPI, 10_000, 2**31, 200_000_000)
+            sem = asyncio.Semaphore(2 * workers)  # as the daemon: a bounded look-ahead
+
+            async def one(i: int) -> int:
+                async with sem:
+                    page = await doc.call(pages.render_page, str(path), info, i, DPI,
+                                          200_000_000)
+                    return len(page.data)
+
+            sizes = await asyncio.gather(*(one(i) for i in range(pages_n)))
+            seconds = time.perf_counter() - t0
     finally:
         await pool.close()
     return {"pages": pages_n, "seconds": round(seconds, 3), "pages_per_s": pages_n / seconds,

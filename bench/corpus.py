@@ -1,8 +1,21 @@
 """Real files, read by ocrd and by OCRmyPDF side by side: word recall and time per file.
 
     python -m bench.corpus FOLDER [--ocrmypdf PATH] [--jobs N] [--only NAME ...]
+    python -m bench.corpus FOLDER --batch [--daemon] [--ocrmypdf PATH] [--om-cache DIR]
 
-For every PDF and image in FOLDER (not recursive): the ground truth is FILE's stem +
+The corpus itself is never checked in: `bench/corpus_sources.txt` lists its files
+(repository, commit, path, sha256), and `python -m bench.corpus --fetch
+bench/corpus_sources.txt --mirrors DIR FOLDER` copies them out of local clones
+(DIR/OWNER+NAME/repo or DIR/OWNER+NAME, bare or not) into FOLDER/SOURCE/.
+`--select --mirrors DIR` prints such a list, chosen by fixed rules (see `select`).
+
+`--batch` (bench/corpus_batch.py): the whole folder through ONE `ocrd convert` call (and,
+with `--daemon`, through a running daemon), every file's outcome and recall beside
+OCRmyPDF's, and the promises checked: a documented exit code, no traceback, exactly one
+outcome per file, convert and daemon agreeing.
+
+Without `--batch`, for every PDF and image in FOLDER (and its subfolders): the ground
+truth is FILE's stem +
 `.txt` beside it when there is one, else `pdftotext` of a born-digital PDF (one with at
 least 20 words of text), else none. ocrd (`ocrd convert`, tesseract, its defaults) and
 OCRmyPDF (`ocrmypdf --force-ocr --sidecar --output-type pdf`, when installed: pass its
@@ -174,7 +187,18 @@ def report(rows: list[Row]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folder", type=Path)
+    ap.add_argument("folder", type=Path, nargs="?")
+    ap.add_argument("--select", action="store_true",
+                    help="print a list of corpus files chosen from --mirrors")
+    ap.add_argument("--fetch", type=Path, metavar="LIST",
+                    help="copy the files LIST names from --mirrors into FOLDER")
+    ap.add_argument("--mirrors", type=Path, help="folder of local clones")
+    ap.add_argument("--batch", action="store_true",
+                    help="one `ocrd convert` over the folder (see bench/corpus_batch.py)")
+    ap.add_argument("--daemon", action="store_true", help="with --batch: the daemon too")
+    ap.add_argument("--om-cache", type=Path,
+                    help="with --batch: keep OCRmyPDF's results here, by file hash")
+    ap.add_argument("--results", type=Path, help="with --batch: write the rows as JSON")
     ap.add_argument("--ocrmypdf", default=shutil.which("ocrmypdf"),
                     help="the ocrmypdf program (default: on PATH; none: ocrd only)")
     ap.add_argument("--jobs", type=int, help="-j for both (default: their own)")
@@ -183,9 +207,16 @@ def main() -> None:
                     help="OMP_THREAD_LIMIT=1 for OCRmyPDF's tesseract too, as ocrd sets it "
                     "(by default tesseract's OpenMP threads oversubscribe a small machine)")
     args = ap.parse_args()
+    if args.select or args.fetch or args.batch:
+        from bench import corpus_batch
+
+        corpus_batch.main(args)
+        return
+    if args.folder is None:
+        ap.error("FOLDER is needed")
     checkout = Path(__file__).resolve().parent.parent
-    files = sorted(p for p in args.folder.iterdir()
-                   if p.suffix.lower() in SUFFIXES and (not args.only or p.name in args.only))
+    files = sorted(p for p in args.folder.rglob("*") if p.is_file()
+                   and p.suffix.lower() in SUFFIXES and (not args.only or p.name in args.only))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="ocrd-corpus-") as tmp:
         for k, path in enumerate(files):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, load_config, parse_config
-from .errors import ExitCode, OcrdError, exit_code_for
+from .errors import ExitCode, exit_code_for
 from .layout import check_folders
 from .names import printable, shown
 
@@ -25,8 +24,8 @@ run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/con
 
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 2 usage or configuration error, 3 bad input (empty, truncated, damaged, unsupported, unreadable),
-4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 output not writable,
-130 interrupted.
+4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 an output not written (not
+writable, or --pdf's PDF could not be made), 130 interrupted.
 """
 
 
@@ -47,9 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="convert files once and exit (exit 0 only if "
                           "every file converted)")
-    conv.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    conv.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                      help="a document, or a folder: every document in it and its "
+                      "subfolders (skipping what an inbox skips)")
     conv.add_argument("-o", "--output", required=True, type=Path, metavar="DIR",
-                      help="folder for NAME.md, NAME.json and NAME.assets/")
+                      help="folder for NAME.md, NAME.json and NAME.assets/ (a folder's "
+                      "subfolders mirrored)")
     conv.add_argument("-c", "--config", type=Path,
                       help="config file for engine/render/limits settings (optional)")
     conv.add_argument("--engine", choices=["auto", "vllm", "remote", "tesseract"],
@@ -295,17 +297,9 @@ def _convert_config(args: argparse.Namespace) -> Config:
                                   "render": type(cfg.render).model_validate(render)})
 
 
-def _pdf_settings(args: argparse.Namespace, path: Path, out: Any) -> Any:
-    """--pdf: NAME.pdf, or NAME.ocr.pdf for a PDF converted into the folder it is in."""
-    from .pdfout import BESIDE_ORIGINAL_SUFFIX, DEFAULT_SUFFIX, PdfSettings, same_folder
-
-    beside = path.suffix.lower() == ".pdf" and same_folder(out, str(path))
-    return PdfSettings(args.pdf_text_layer,
-                       BESIDE_ORIGINAL_SUFFIX if beside else DEFAULT_SUFFIX)
-
-
 def cmd_convert(args: argparse.Namespace) -> int:
     from . import log
+    from .batch import jobs_for, summary
     from .progress import Progress
 
     cfg = _convert_config(args)
@@ -314,25 +308,33 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"ocrd: {f}: no such file", file=sys.stderr)
     if missing:
         return ExitCode.USAGE
-    progress = Progress(len(args.files), enabled=not args.quiet)
+    jobs = jobs_for(args.files, args.output)
+    if not jobs:
+        print("ocrd: no files to convert (the folders given hold none)", file=sys.stderr)
+        return ExitCode.OK
+    progress = Progress(len(jobs), enabled=not args.quiet)
     level = "error" if args.quiet else ("warning", "info", "debug")[min(args.verbose, 2)]
     # Log events in the same words as the progress, unless JSON is asked for by name.
     log.setup(level, "json" if cfg.log.format == "json" else "console",
               stream=progress.lines())
     try:
-        failures = asyncio.run(_convert(cfg, args, progress))
+        outcomes = asyncio.run(_convert(cfg, args, jobs, progress))
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     finally:
         progress.finish()
+    failures = [o.error for o in outcomes if o.error is not None]
+    if not args.quiet or failures:
+        print(summary(outcomes), file=sys.stderr)
     return exit_code_for(failures)
 
 
-async def _convert(cfg: Config, args: argparse.Namespace,
-                   progress: Progress) -> list[OcrdError]:
-    from . import errors, outbox, pages, safefs
+async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
+                   progress: Progress) -> list[Any]:
+    from . import errors, pages
+    from .batch import Batch, Outcome
     from .engines import create_engine
-    from .pipeline import Converter, Source
+    from .pipeline import Converter
     from .schedule import FairSlots
 
     engine = create_engine(cfg.engine)
@@ -340,55 +342,17 @@ async def _convert(cfg: Config, args: argparse.Namespace,
         await engine.start()
     except errors.EngineDead as e:
         print(f"ocrd: the engine cannot start: {e}", file=sys.stderr)
-        return [errors.EngineFailed(str(e))] * len(args.files)
+        return [Outcome(job, errors.EngineFailed(str(e))) for job in jobs]
     pool = pages.RenderPool(cfg.render.workers)
     slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
     converter = Converter(cfg, engine, pool, slots)
-    perms = outbox.Perms(tag=f"cli{os.getpid()}")
     progress.start()
-    limit = asyncio.Semaphore(cfg.schedule.max_active_documents)
-    failures: list[OcrdError] = []
-
-    async def one(path: Path) -> None:
-        async with limit:
-            t0 = time.monotonic()
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError as e:
-                failures.append(errors.Unreadable(f"cannot open the file: {e.strerror}"))
-                progress.done(path, f"FAILED [unreadable] {e.strerror}")
-                return
-            src = Source(fd, path.name, prompt_mode=args.prompt)
-            try:
-                with safefs.Dir.open_root(args.output, create=True) as out:
-                    if args.pdf:
-                        src.pdf = _pdf_settings(args, path, out)
-                    written = await converter.convert(src, out, perms)
-            except OcrdError as e:
-                failures.append(e)
-                progress.done(path, f"FAILED [{e.reason}] {e}")
-                return
-            except errors.EngineDead as e:
-                failures.append(errors.EngineFailed(str(e)))
-                progress.done(path, f"FAILED [engine_failed] {e}")
-                return
-            except OSError as e:
-                failures.append(errors.OutputFailed(f"cannot write the result: {e}"))
-                progress.done(path, f"FAILED [output_failed] {e}")
-                return
-            finally:
-                os.close(fd)
-            n = written.meta["page_count"]
-            progress.done(path, f"ok → {written.folder / written.markdown} "
-                          f"({n} page{'s' * (n != 1)}, {time.monotonic() - t0:.1f} s)")
-
     try:
         args.output.mkdir(parents=True, exist_ok=True)
-        await asyncio.gather(*(one(f) for f in args.files))
+        return await Batch(cfg, args, converter, progress).run(jobs)
     finally:
         await engine.close()
         await pool.close()
-    return failures
 
 
 if __name__ == "__main__":

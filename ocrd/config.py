@@ -62,8 +62,10 @@ class InboxConfig(_Strict):
     ignore: list[str] = Field(default_factory=list)
     # A file is ready once its size and mtime have not changed for this long.
     quiet_seconds: float = Field(default=5.0, ge=0)
-    # A file that stays incomplete (truncated PDF, zero bytes) this long after its last
-    # change is given up on and moved to failed/.
+    # A file that looks cut short (a PDF without %%EOF) is read as it is 10 s after its
+    # writer closed it (readiness.CLOSED_SETTLE_SECONDS); an empty file, or where no
+    # close is seen (network filesystems, a file found by a scan), once it has not
+    # changed for this long.
     incomplete_seconds: float = Field(default=600.0, ge=0)
     watch: Literal["auto", "inotify", "polling"] = "auto"
     # Output file mode (octal string like "0640") and group (name or gid).

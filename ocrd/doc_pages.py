@@ -2,6 +2,10 @@
 is rendered ahead within `render.lookahead` and the memory budget, waits for a fair slot
 in the engine, and its output becomes the page's result (Markdown, figures, sidecar
 facts, searchable-PDF text). One `DocumentPages` per document being converted.
+
+A page that cannot be rendered costs that page, not the document: it is kept as a
+degraded page ("unreadable", with the renderer's reason) and the others go on. Only a
+document none of whose pages renders fails, with its first page's reason.
 """
 
 from __future__ import annotations
@@ -18,14 +22,21 @@ from .previews import render_with_preview
 if TYPE_CHECKING:
     from . import pdfout
     from .pipeline import Converter, Source, Staging
+    from .render_pool import DocumentWorkers
+
+# Failures of the whole file, whichever page meets them first.
+FILE_FAILURES = (errors.Encrypted, errors.TooLarge, errors.TooManyPages)
 
 
 class DocumentPages:
-    def __init__(self, conv: Converter, src: Source, info: pages.DocInfo, staging: Staging,
-                 assets_link: str, blog: Any, pdf: pdfout.SearchablePdf | None) -> None:
-        self.conv, self.src, self.info, self.staging = conv, src, info, staging
+    def __init__(self, conv: Converter, workers: DocumentWorkers, src: Source,
+                 info: pages.DocInfo, staging: Staging, assets_link: str, blog: Any,
+                 pdf: pdfout.SearchablePdf | None) -> None:
+        self.conv, self.workers = conv, workers
+        self.src, self.info, self.staging = src, info, staging
         self.assets_link, self.blog, self.pdf = assets_link, blog, pdf
         self.results: list[dict] = [{} for _ in range(info.pages)]
+        self.lost: dict[int, errors.OcrdError] = {}  # pages that could not be rendered
         self.unfinished = info.pages  # pages without their engine output yet
         self.ahead = asyncio.Semaphore(conv.cfg.render.lookahead)
         self.doc_key = object()  # identity of this document for the fair slots
@@ -44,6 +55,8 @@ class DocumentPages:
                     tg.create_task(self._page(i), name=f"page-{i + 1}")
         except BaseExceptionGroup as eg:
             raise _first(eg) from None
+        if len(self.lost) == self.info.pages:  # not one page: the file has failed
+            raise self.lost[min(self.lost)]
         return self.results
 
     def _moved_on(self) -> None:
@@ -56,8 +69,8 @@ class DocumentPages:
         conv = self.conv
         # a page's first rendering also makes the console's preview, in the worker
         fn = render_with_preview if first and conv.previews is not None else pages.render_page
-        return await conv.pool.call(fn, self.src.path, self.info, i, conv.resolution,
-                                    conv.cfg.limits.max_pixels)
+        return await self.workers.call(fn, self.src.path, self.info, i, conv.resolution,
+                                       conv.cfg.limits.max_pixels)
 
     async def _page(self, i: int) -> None:
         conv = self.conv
@@ -69,7 +82,13 @@ class DocumentPages:
         try:
             await memory.reserve(self.guess)
             t = time.monotonic()
-            rendered = await self._render(i, first=True)
+            try:
+                rendered = await self._render(i, first=True)
+            except FILE_FAILURES:
+                raise
+            except errors.OcrdError as e:
+                self._no_page(i, e, time.monotonic() - t)
+                return
             render_s = time.monotonic() - t
             self.guess = conv.resolution.cost(rendered.mode, rendered.width * rendered.height)
             await memory.settle(self.guess)
@@ -109,6 +128,15 @@ class DocumentPages:
             memory.release()
             if held:
                 self._moved_on()
+
+    def _no_page(self, i: int, e: errors.OcrdError, render_s: float) -> None:
+        """Page i has no image: too small to hold text (blank), or not renderable (lost,
+        degraded). Either way it has its place in the results."""
+        self.unfinished -= 1
+        if not isinstance(e, errors.PageTooSmall):
+            self.lost[i] = e
+            self.blog.warning("page_unreadable", page=i + 1, reason=e.reason, error=str(e))
+        self.results[i] = self.conv._page_without_image(i, e, render_s)
 
     def _request(self, i: int, page: pages.RenderedPage, kept: list[Any],
                  priority: int = 0) -> PageRequest:

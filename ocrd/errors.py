@@ -27,6 +27,9 @@ class OcrdError(Exception):
 
     reason = "error"
     exit_code = ExitCode.BAD_INPUT
+    # the file may still be being written (its end missing): readiness judges it only
+    # once it has stopped changing (ocrd/readiness.py)
+    cut_short = False
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
@@ -36,10 +39,12 @@ class OcrdError(Exception):
 
 class EmptyFile(OcrdError):
     reason = "empty"
+    cut_short = True
 
 
 class Truncated(OcrdError):
     reason = "truncated"
+    cut_short = True
 
 
 class UnsupportedFormat(OcrdError):
@@ -79,6 +84,13 @@ class RenderFailed(OcrdError):
     reason = "render_failed"
 
 
+class PageTooSmall(OcrdError):
+    """A page whose own size is too small to hold text (1×1 pt): a blank page of the
+    document, never a failure of the file."""
+
+    reason = "page_too_small"
+
+
 class EngineFailed(OcrdError):
     """A page could not be converted by the engine after all retries."""
 
@@ -95,6 +107,35 @@ class TooManyAttempts(OcrdError):
     """The file was started too often without finishing (it may crash the daemon)."""
 
     reason = "too_many_attempts"
+
+
+class PdfFailed(OcrdError):
+    """`ocrd convert --pdf`: the Markdown was written, the searchable PDF asked for was
+    not."""
+
+    reason = "pdf_failed"
+    exit_code = ExitCode.OUTPUT
+
+
+class InternalError(OcrdError):
+    """A failure of ocrd itself (or of a library it calls) on this file: the file fails
+    with it, the others go on. `details` is the traceback, for the error file."""
+
+    reason = "internal_error"
+
+    def __init__(self, message: str, *, details: str | None = None) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def internal(e: BaseException, doing: str) -> InternalError:
+    """An unexpected exception met while `doing` something with one file."""
+    import traceback
+
+    text = "".join(traceback.format_exception(e)).strip()
+    detail = str(e).strip().splitlines()
+    what = f"{type(e).__name__}: {detail[0][:200]}" if detail else type(e).__name__
+    return InternalError(f"internal error while {doing} ({what})", details=text)
 
 
 # Not failures of a file: conditions of the engine that the daemon waits out or dies of.

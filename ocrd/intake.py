@@ -32,6 +32,9 @@ from .watch import Entry, entry_for
 
 log = structlog.get_logger("ocrd.intake")
 
+# Checks of one file that may fail with an unexpected exception before the file is
+# claimed to fail as internal_error (the traceback in its error file) instead.
+MAX_CHECK_FAILURES = 3
 
 
 class Intake:
@@ -151,8 +154,9 @@ class Intake:
                                 "to spare; files wait, nothing is failed")
             inbox.tracker.recheck_later(cand)
             return
-        except Exception:  # noqa: BLE001 - a bug must not leave the file unreported
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the file unreported
             log.exception("check_failed", file=cand.entry.relpath)
+            cand.failures.append(errors.internal(e, "checking the file in its inbox"))
             inbox.tracker.recheck_later(cand)
         finally:
             cand.busy = False
@@ -175,6 +179,10 @@ class Intake:
                 inbox.tracker.forget(entry.relpath)  # its folder is gone or a link now
                 return
             with folder:
+                if len(cand.failures) >= MAX_CHECK_FAILURES:  # claimed to fail as itself
+                    await self._act(inbox, cand, folder, readiness.Claim(
+                        error=cand.failures[-1]), None)
+                    return
                 probe, checked = await self._probe(folder, entry)
                 try:
                     now_entry = entry_for(entry.path, entry.relpath, folder.lstat(name))
@@ -225,7 +233,7 @@ class Intake:
                 cand.reported.add(decision.report)
                 log.info("file_incomplete", file=entry.relpath, reason=decision.reason,
                          waiting_up_to=inbox.cfg.incomplete_seconds)
-            inbox.tracker.recheck_later(cand)
+            inbox.tracker.recheck_later(cand, decision.until)
         elif isinstance(decision, readiness.Forget):
             inbox.tracker.forget(entry.relpath)
         elif isinstance(decision, readiness.Changed):

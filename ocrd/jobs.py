@@ -38,6 +38,20 @@ class Jobs:
         self.engine_dead = engine_dead
 
     async def run(self, item: Item) -> None:
+        """The file's turn, to its outcome: nothing it raises reaches the scheduler (a
+        surprise fails this file as internal_error, with its traceback)."""
+        try:
+            await self._run(item)
+        except (asyncio.CancelledError, errors.EngineDead):
+            raise
+        except Exception as e:  # noqa: BLE001 - one file must never take the daemon down
+            log.exception("internal_error", file=item.relpath)
+            try:
+                await self.outcomes.fail(item, errors.internal(e, "finishing the file"))
+            except Exception:  # noqa: BLE001 - left claimed: the next start retries it
+                log.exception("internal_error_unrecorded", file=item.relpath)
+
+    async def _run(self, item: Item) -> None:
         if item.error is not None:
             await self.outcomes.fail(item, item.error)
             return
@@ -122,8 +136,8 @@ class Jobs:
             self.outcomes.destination_failed(item, e, "outbox")
         except Exception as e:  # noqa: BLE001 - one file must never take the daemon down
             log.exception("internal_error", file=item.relpath)
-            await self.outcomes.fail(item, errors.OcrdError(f"internal error: {e!r}",
-                                                            reason="internal_error"))
+            item.sha256, item.info = src.sha256, src.info
+            await self.outcomes.fail(item, errors.internal(e, "converting the file"))
         return None
 
     def _requeue(self, item: Item) -> None:

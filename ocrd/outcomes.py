@@ -196,6 +196,8 @@ class Outcomes:
     def _move_failed(self, item: Item, err: errors.OcrdError, attempts: int) -> str:
         inbox = item.inbox
         extra = {"attempts": attempts, **item.extra}
+        if isinstance(err, errors.InternalError) and err.details:
+            extra["traceback"] = err.details
         plain = item.own_failures >= OWN_FAILURE_TRIES
         with inbox.open_destination(inbox.cfg.failed) as root:
             folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))

@@ -7,10 +7,12 @@ re-exported here, as the rest of ocrd and the tests know them as `pages.*`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from PIL import Image, ImageOps
@@ -50,6 +52,14 @@ class DocInfo:
     pages: int
     renderer: str  # "pypdfium2", "pdf2image" or "pillow"
     pixels: int  # estimated pixels of all pages at the render dpi (for ordering)
+    # False: the file's end is missing (a PDF without %%EOF) although it reads; such a
+    # file is converted only once it has stopped changing (ocrd/readiness.py)
+    complete: bool = True
+    warnings: tuple[str, ...] = ()  # for the sidecar: what was odd about the file
+
+# A PDF without its end marker that opens and has pages: read as far as it goes.
+NO_TRAILER = ("the PDF ends without its trailer (%%EOF); it was read as far as its "
+              "pages go")
 
 
 # A render worker's pixel buffer for PDFium, kept between pages: a fresh 6 MB buffer per
@@ -128,27 +138,62 @@ def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) 
     """Decide whether the file is a complete, supported document and how big it is.
 
     Raises `errors.EmptyFile` / `errors.Truncated` for files that may still be being
-    written, and the other `OcrdError`s for files that will never convert."""
+    written, and the other `OcrdError`s for files that will never convert. Nothing else:
+    a library's unexpected exception becomes `errors.InternalError`, with its traceback."""
+    try:
+        return _probe(path, dpi, max_pages, max_bytes, max_pixels)
+    except errors.OcrdError:
+        raise
+    except MemoryError:
+        raise errors.TooLarge("the file is too large to read in memory") from None
+    except Exception as e:  # noqa: BLE001 - one file's surprise must stay that file's
+        raise errors.internal(e, "reading the file") from None
+
+
+def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) -> DocInfo:
     head, tail, size = _sniff(path)
     if size == 0:
         raise errors.EmptyFile("the file is empty (0 bytes)")
     if size > max_bytes:
         raise errors.TooLarge(f"the file has {size} bytes, more than limits.max_file_bytes "
                               f"({max_bytes})")
-    if b"%PDF-" in head:
+    if b"%PDF" in head:  # some writers leave out the version's dash: PDFium reads them
         return _probe_pdf(path, tail, dpi, max_pages)
     return _probe_image(path, head, max_pages, max_pixels)
 
 
 def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
-    if b"%%EOF" not in tail:
-        raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated "
-                               "or still being written")
-    pages, pixels, renderer = None, 0, "pypdfium2"
+    """A PDF with its trailer, or without one that still opens (then `complete` is False:
+    whether it is whole is for the caller to judge, from whether it still changes)."""
+    trailer = b"%%EOF" in tail
     try:
-        pages, pixels = _pdfium_count(path, dpi)
+        info = _count_pdf(path, dpi)
     except errors.Encrypted:
         raise
+    except errors.OcrdError:
+        if trailer:
+            raise
+        raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated "
+                               "or still being written") from None
+    if info.pages > max_pages:
+        raise errors.TooManyPages(f"the PDF has {info.pages} pages, more than "
+                                  f"limits.max_pages ({max_pages})")
+    return info if trailer else replace(info, complete=False, warnings=(NO_TRAILER,))
+
+
+def _count_pdf(path: str, dpi: int) -> DocInfo:
+    try:
+        pages, pixels = _pdfium_count(path, dpi)
+        renderer = "pypdfium2"
+    except errors.Encrypted as locked:
+        # PDFium asks for a password that poppler may not need (an empty user password
+        # under a security handler PDFium lacks): encrypted only if poppler asks too.
+        try:
+            pages = _poppler_count(path)
+        except errors.OcrdError:
+            raise locked from None
+        renderer = "pdf2image"
+        pixels = pages * int(8.27 * dpi) * int(11.69 * dpi)
     except errors.OcrdError:
         # PDFium refuses some damaged files that poppler repairs: try it before giving up.
         renderer = "pdf2image"
@@ -156,27 +201,20 @@ def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
         pixels = pages * int(8.27 * dpi) * int(11.69 * dpi)
     if pages == 0:
         raise errors.Unreadable("the PDF has no pages")
-    if pages > max_pages:
-        raise errors.TooManyPages(f"the PDF has {pages} pages, more than limits.max_pages "
-                                  f"({max_pages})")
     return DocInfo("pdf", "PDF", pages, renderer, pixels)
 
 
 def _pdfium_count(path: str, dpi: int) -> tuple[int, int]:
-    import pypdfium2 as pdfium
-
-    try:
-        doc = pdfium.PdfDocument(_reader(path), autoclose=True)
-    except pdfium.PdfiumError as e:
-        raise _pdf_error(str(e)) from None
+    doc = open_pdfium(path)
     try:
         n = len(doc)
-        if n:
+        pixels = 0
+        if n:  # the first page's size (some damaged files have none: poppler is asked)
             w, h = doc.get_page_size(0)
             pixels = int(w * dpi / 72) * int(h * dpi / 72) * n
-        else:
-            pixels = 0
         return n, pixels
+    except Exception as e:  # noqa: BLE001 - PDFium's failures on a damaged page tree
+        raise _pdf_error(f"PDFium cannot read the pages: {e}") from None
     finally:
         doc.close()
 
@@ -205,7 +243,40 @@ def _pdf_error(text: str) -> errors.OcrdError:
 
 def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
     try:
-        with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
+        return _read_image(path, max_pages, max_pixels)
+    except errors.Truncated as cut:
+        # Read as far as it goes: an image whose last bytes are missing (Pillow's
+        # "truncated") mostly decodes; whether it is whole is the caller's to judge.
+        try:
+            with _lenient():
+                info = _read_image(path, max_pages, max_pixels)
+        except Exception:  # noqa: BLE001 - not even that: it fails as it is
+            raise cut from None
+        return replace(info, complete=False, warnings=(NO_IMAGE_END,))
+    except errors.OcrdError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise errors.TooLarge(f"the image is too large to decode safely ({e})") from None
+    except (Image.UnidentifiedImageError, ValueError) as e:
+        if _image_magic(head):
+            raise errors.Truncated(f"the {_image_magic(head)} image is damaged or incomplete "
+                                   "(its header cannot be read)") from None
+        raise errors.UnsupportedFormat(
+            "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
+            f"JPEG 2000); it starts with {head[:8]!r}") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Pillow refused it while opening it
+        if errors.shortage(e):
+            raise
+        raise _undecodable(e, _image_magic(head) or "image") from None
+
+
+def _read_image(path: str, max_pages: int, max_pixels: int) -> DocInfo:
+    """Open and decode the whole image (its last page too); an image Pillow opens but
+    cannot decode raises its OcrdError (`_undecodable`)."""
+    with _reader(path) as f, Image.open(f, formats=_open_formats()) as im:
+        try:
             fmt = im.format or "?"
             w, h = im.size
             if w * h > max_pixels:
@@ -222,21 +293,56 @@ def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> Doc
                 im.seek(frames - 1)
             im.load()
             return DocInfo("image", fmt, frames, "pillow", w * h * frames)
-    except errors.OcrdError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise errors.TooLarge(f"the image is too large to decode safely ({e})") from None
-    except (Image.UnidentifiedImageError, ValueError) as e:
-        if _image_magic(head):
-            raise errors.Truncated(f"the {_image_magic(head)} image is damaged or incomplete "
-                                   "(its header cannot be read)") from None
-        raise errors.UnsupportedFormat(
-            "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
-            f"JPEG 2000); it starts with {head[:8]!r}") from e
-    except (OSError, SyntaxError, EOFError) as e:
-        if errors.shortage(e):
+        except (errors.OcrdError, Image.DecompressionBombError, MemoryError):
             raise
-        raise errors.Truncated(f"the image cannot be decoded completely ({e})") from None
+        except Exception as e:  # noqa: BLE001 - decoders raise many kinds on a damaged file
+            if errors.shortage(e):
+                raise  # the daemon's trouble (no descriptor to spare …), not the file's
+            raise _undecodable(e, im.format or "image") from None
+
+
+# An image whose last bytes are missing that decodes as far as it goes.
+NO_IMAGE_END = ("the image ends early; it was read as far as it goes (what is missing "
+                "shows as grey)")
+
+
+def _undecodable(e: Exception, fmt: str) -> errors.OcrdError:
+    """The failure of an image Pillow opened but could not decode: truncated when its
+    bytes stop, unsupported_format for a variant Pillow does not read, else damaged.
+    Each may also be a file still being written (`cut_short`): readiness waits for it to
+    stop changing before failing it."""
+    said = _said(e)
+    low = said.lower()
+    if isinstance(e, EOFError) or "truncated" in low or "premature end" in low:
+        err: errors.OcrdError = errors.Truncated(
+            f"the {fmt} image cannot be decoded completely ({said})")
+    elif "unsupported" in low or "not supported" in low or "unknown" in low:
+        err = errors.UnsupportedFormat(f"the {fmt} image is of a kind ocrd cannot read "
+                                       f"({said})")
+    else:
+        err = errors.Damaged(f"the {fmt} image is damaged and cannot be decoded ({said})")
+    err.cut_short = True
+    return err
+
+
+@contextlib.contextmanager
+def _lenient() -> Iterator[None]:
+    """Pillow decodes an image whose end is missing as far as it goes (worker side: one
+    call at a time, so the switch is the call's alone)."""
+    from PIL import ImageFile
+
+    before = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = True
+    try:
+        yield
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = before
+
+
+def _said(e: BaseException) -> str:
+    """An exception as one short clause: its text, else its kind."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:160] if lines else type(e).__name__
 
 
 _MAGIC = [(b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"),
@@ -258,6 +364,48 @@ def _image_magic(head: bytes) -> str | None:
 # by the file's identity, not only its path: /proc/PID/fd/N names another file once the
 # daemon has closed N and opened the next document.
 _open_pdf: dict[tuple, Any] = {}
+# The file this worker works for (ocrd/render_pool.py names it with every call), and
+# whether PDFium has been used since the worker last started clean.
+_document: int | None = None
+_pdfium_used = False
+# A PDF that PDFium refuses at once with a format error: loaded (and refused) before
+# each real load, so that PDFium's "last error" is never one an earlier file left.
+_NOT_A_PDF = b"%PDF-1.0\n"
+
+
+def begin_document(document: int) -> None:
+    """Worker side: the next calls are for `document`. A worker that served another
+    file starts clean: its open documents closed, PDFium's state (errors, caches, fonts)
+    made anew."""
+    global _document, _pdfium_used
+    if document == _document:
+        return
+    _document = document
+    for old in _open_pdf.values():
+        old.close()
+    _open_pdf.clear()
+    if _pdfium_used:
+        from pypdfium2 import _library_scope as pdfium_library
+
+        pdfium_library.destroy_lib()  # closes whatever PDFium object is still open
+        pdfium_library.init_lib()
+        _pdfium_used = False
+
+
+def open_pdfium(path: str) -> Any:
+    """The PDF at `path` as a PDFium document (opened the safe way, `_reader`); a PDF
+    PDFium cannot open raises its OcrdError (Encrypted only for a password it asked
+    for on this very file)."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    global _pdfium_used
+    _pdfium_used = True
+    pdfium_c.FPDF_LoadMemDocument64(_NOT_A_PDF, len(_NOT_A_PDF), None)  # fresh last error
+    try:
+        return pdfium.PdfDocument(_reader(path), autoclose=True)
+    except pdfium.PdfiumError as e:
+        raise _pdf_error(str(e)) from None
 
 
 def _doc_key(path: str) -> tuple:
@@ -269,18 +417,13 @@ def _doc_key(path: str) -> tuple:
 
 
 def _pdfium_doc(path: str) -> Any:
-    import pypdfium2 as pdfium
-
     key = _doc_key(path)
     doc = _open_pdf.get(key)
     if doc is None:
         for old in _open_pdf.values():
             old.close()
         _open_pdf.clear()
-        try:
-            doc = pdfium.PdfDocument(_reader(path), autoclose=True)
-        except pdfium.PdfiumError as e:
-            raise _pdf_error(str(e)) from None
+        doc = open_pdfium(path)
         _open_pdf[key] = doc
     return doc
 
@@ -295,15 +438,33 @@ def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
                 max_pixels: int, renderer: str | None = None) -> RenderedPage:
     """Render page `index` (0-based) as RGB at `dpi` (with a `Resolution`, a scanned page
     at about its image's own resolution), lowered for oversized pages so the image stays
-    within `max_pixels`."""
+    within `max_pixels`.
+
+    Raises `errors.OcrdError`s only: the page's own failure (RenderFailed, Damaged,
+    Truncated, PageTooSmall for a page smaller than any text), or the file's (Encrypted,
+    TooLarge); a library's unexpected exception becomes `errors.InternalError`."""
+    try:
+        return _render_page(path, info, index, dpi, max_pixels, renderer)
+    except errors.OcrdError:
+        raise
+    except MemoryError:
+        raise errors.RenderFailed(f"page {index + 1} is too large to render in memory") \
+            from None
+    except Exception as e:  # noqa: BLE001 - one page's surprise must stay that page's
+        raise errors.internal(e, f"rendering page {index + 1}") from None
+
+
+def _render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
+                 max_pixels: int, renderer: str | None) -> RenderedPage:
     renderer = renderer or info.renderer
     res = dpi if isinstance(dpi, Resolution) else Resolution(dpi, dpi, dpi)
     if info.kind == "image":
-        return _render_image(path, index, max_pixels, res.grey)
+        with _lenient() if not info.complete else contextlib.nullcontext():
+            return _render_image(path, index, max_pixels, res.grey)
     if renderer == "pypdfium2":
         try:
             return _render_pdfium(path, index, res, max_pixels)
-        except errors.Encrypted:
+        except (errors.Encrypted, errors.PageTooSmall):
             raise
         except errors.OcrdError:
             return _render_poppler(path, index, res, max_pixels)
@@ -331,13 +492,13 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
                        res.max_pixels(mode, max_pixels))
         if res.grey:  # in its own mode, for an engine that reads grey
             width, height, data, mode = modes.render_grey(page, dpi, one_bit)
-            pdffaults.check_page_size(width, height, index, "PDFium")
+            pdffaults.check_page_size(width, height, index, "PDFium", (w, h))
             page.close()
             return RenderedPage(index, width, height, data, dpi, mode=mode)
         maker = {"bitmap_maker": _scratch_bitmap} if pagepixels._shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
                              **maker)
-        pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium")
+        pdffaults.check_page_size(bitmap.width, bitmap.height, index, "PDFium", (w, h))
         if bitmap.mode != "RGB":
             img = bitmap.to_pil()
             page.close()
@@ -352,8 +513,11 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
         raw = b"" if shared is not None else _rgb_rows(view, width, height, stride)
         page.close()
         return RenderedPage(index, width, height, raw, dpi, shared=shared)
-    except pdfium.PdfiumError as e:
-        raise errors.RenderFailed(f"page {index + 1} cannot be rendered: {e}") from None
+    except errors.OcrdError:
+        raise
+    except (pdfium.PdfiumError, ValueError, OSError) as e:  # e.g. a crop box off the page
+        raise errors.RenderFailed(f"page {index + 1} cannot be rendered ({_said(e)})") \
+            from None
 
 
 def _rgb_rows(buf: memoryview, width: int, height: int, stride: int) -> bytes:
@@ -398,11 +562,13 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
             img = to_rgb(ImageOps.exif_transpose(im) or im)
     except errors.OcrdError:
         raise
-    except (OSError, SyntaxError, EOFError, ValueError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - decoders raise many kinds on a damaged frame
         if errors.shortage(e):
             raise
-        raise errors.Truncated(f"page {index + 1} of the image cannot be decoded ({e})") \
-            from None
+        raise errors.Truncated(f"page {index + 1} of the image cannot be decoded "
+                               f"({_said(e)})") from None
     return _pack(img, index, 0.0, grey)
 
 

@@ -1,9 +1,8 @@
 """What a PDF that will not open or render means, said in one sentence.
 
 PDFium and poppler report failures as raw text (poppler as several "Syntax Error: …"
-lines). Files reach these functions only after the completeness check (the trailer is
-there and the size has been quiet), so a PDF that still cannot be read is damaged, not
-"truncated": it fails at once instead of waiting `incomplete_seconds` for more bytes.
+lines). A PDF whose trailer is there and that still cannot be read is damaged, not
+"truncated" (ocrd/pages.py says truncated only when the bytes stop before %%EOF).
 """
 
 from __future__ import annotations
@@ -43,9 +42,17 @@ def first_cause(text: str) -> str:
     return pick[:1].lower() + pick[1:160]
 
 
-def check_page_size(width: int, height: int, index: int, renderer: str) -> None:
-    """Raise Damaged for a rendered page too small to be a page."""
-    if min(width, height) < MIN_PAGE_PIXELS:
-        raise errors.Damaged(
-            f"page {index + 1} came out as {width}×{height} pixels: {renderer} cannot "
-            "read the PDF's pages (it is damaged)")
+def check_page_size(width: int, height: int, index: int, renderer: str,
+                    page_pt: tuple[float, float] | None = None) -> None:
+    """Raise for a rendered page too small to be read: PageTooSmall when the page itself
+    is that small (`page_pt`, its size as the renderer read it), else Damaged (poppler
+    renders pages of a PDF it cannot read as 1×1 pixels)."""
+    if min(width, height) >= MIN_PAGE_PIXELS:
+        return
+    if page_pt is not None:
+        w, h = page_pt
+        raise errors.PageTooSmall(f"page {index + 1} is {w:.3g}×{h:.3g} pt, too small to "
+                                  "hold text")
+    raise errors.Damaged(
+        f"page {index + 1} came out as {width}×{height} pixels: {renderer} cannot "
+        "read it (it is damaged)")

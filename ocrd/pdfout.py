@@ -13,6 +13,7 @@ waits and is written, PDF and all, when the outbox takes files again.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +121,8 @@ def _message(e: BaseException) -> str:
     if isinstance(e, OSError):
         return f"the PDF could not be written: {e.strerror or e}"
     text = str(e).strip().splitlines()
-    detail = text[0] if text else type(e).__name__
+    # qpdf names the input it read: here a descriptor's stream, of no use to a reader
+    detail = re.sub(r"^stream <[^>]*>\s*", "", text[0]) if text else type(e).__name__
     return f"the PDF could not be made ({type(e).__name__}: {detail[:300]})"
 
 

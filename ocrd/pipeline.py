@@ -31,6 +31,7 @@ from .engines.base import Engine, PageOutput, PageRequest
 from .markdown import PageMarkdown
 from .notify import Liveness
 from .previews import Previews
+from .render_pool import DocumentWorkers
 from .schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
@@ -170,20 +171,27 @@ class Converter:
         if self.on_progress is not None:
             self.on_progress()
 
-    async def probe(self, path: str) -> pages.DocInfo:
+    async def probe(self, path: str, workers: DocumentWorkers) -> pages.DocInfo:
         lim = self.cfg.limits
-        return await self.pool.call(pages.probe, path, self.resolution.dpi,
-                                    lim.max_pages, lim.max_file_bytes, lim.max_pixels)
+        return await workers.call(pages.probe, path, self.resolution.dpi,
+                                  lim.max_pages, lim.max_file_bytes, lim.max_pixels)
 
     async def convert(self, src: Source, out_dir: safefs.Dir, perms: outbox.Perms) -> Written:
         """Convert one document and write NAME.md, NAME.json (and NAME.assets/) into
         out_dir. Raises OcrdError subclasses for the file's own problems, EngineDead when
         the engine is gone, OSError when the destination cannot be written."""
+        # This file's own render workers: nothing of another file's reaches them. (Entering
+        # does not suspend: _convert counts the file as pending before the first await.)
+        async with self.pool.document() as workers:
+            return await self._convert(src, out_dir, perms, workers)
+
+    async def _convert(self, src: Source, out_dir: safefs.Dir, perms: outbox.Perms,
+                       workers: DocumentWorkers) -> Written:
         t0 = Clock()
         blog = log.bind(file=src.name)
         self.pending += 1  # counted before the first await: see Scheduler.run
         try:
-            info = src.info or await self.probe(src.path)
+            info = src.info or await self.probe(src.path, workers)
             src.info = info
             if src.sha256 is None:
                 src.sha256 = await asyncio.to_thread(sha256_fd, src.fd)
@@ -198,9 +206,10 @@ class Converter:
         pdf = pdfout.SearchablePdf(src.pdf, info.pages, self.engine.output_format ==
                                    "grounding") if src.pdf else None
         try:
-            results = await self._pages(src, info, staging, staging.final, blog, pdf)
+            results = await DocumentPages(self, workers, src, info, staging, staging.final,
+                                          blog, pdf).run()
             if pdf is not None:  # before the sidecar, which lists it, and the Markdown
-                await pdfout.finish(pdf, self.pool, src.path, info.kind, out_dir, base,
+                await pdfout.finish(pdf, workers, src.path, info.kind, out_dir, base,
                                     perms, self.metrics, blog)
             meta = self._sidecar(src, info, results, base, staging, t0, pdf)
             text = assemble(results)
@@ -218,11 +227,6 @@ class Converter:
                        staging.final if staging.used else None, meta)
 
     # -- pages ------------------------------------------------------------------------
-
-    async def _pages(self, src: Source, info: pages.DocInfo, staging: Staging,
-                     assets_link: str, blog: Any,
-                     pdf: pdfout.SearchablePdf | None = None) -> list[dict]:
-        return await DocumentPages(self, src, info, staging, assets_link, blog, pdf).run()
 
     async def _ocr(self, request: Callable[[], Awaitable[PageRequest]], page_no: int,
                    blog: Any) -> PageOutput:
@@ -297,6 +301,22 @@ class Converter:
             "markdown": md,
         }
 
+    def _page_without_image(self, i: int, e: errors.OcrdError, render_s: float) -> dict:
+        """The result of a page that has no image to read: blank for a page too small
+        to hold text, else degraded ("unreadable") with the renderer's reason."""
+        status = "blank" if isinstance(e, errors.PageTooSmall) else "degraded"
+        if self.metrics:
+            self.metrics.pages.labels(status).inc()
+        return {
+            "page": i + 1, "status": status,
+            "degraded": None if status == "blank" else "unreadable",
+            "finish_reason": None, "tokens": None, "prompt_tokens": None, "attempts": 0,
+            "malformed_output": False, "width": None, "height": None, "dpi": None,
+            "rotation": None, "render_seconds": round(render_s, 4), "engine_seconds": 0.0,
+            "started_at": None, "finished_at": None, "figures": [], "markdown": "",
+            "message": str(e),
+        }
+
     def _page_markdown(self, out: PageOutput, image: Any, page_no: int,
                        assets_link: str) -> PageMarkdown:
         """The engine's text, cleaned once, here where it enters the document (the
@@ -327,6 +347,7 @@ class Converter:
             "page_count": info.pages,
             "status": "degraded" if degraded else "ok",
             "degraded_pages": degraded,
+            "warnings": list(info.warnings),
             "outputs": {
                 "markdown": base + ".md",
                 "assets": staging.final if staging.used else None,

@@ -8,6 +8,14 @@ filesystem. The check (`pages.probe`, in a worker process, on the file ocrd open
 feeds `decide`, a pure function of the candidate, the probe's result and the clock:
 claim it (to convert, or to fail it with a reason), wait and look again, reject an entry
 that is not a regular file, or forget an entry that is gone.
+
+Whether a file is whole is judged from whether it has stopped changing, never from its
+parse alone: a file that looks cut short (a PDF without %%EOF, an image that does not
+decode to its end) is settled once its writer closed it (or moved it in) and it has
+stayed unchanged since for CLOSED_SETTLE_SECONDS — or, where no such event is seen
+(network filesystems, files found by a scan), once it has not changed for
+`incomplete_seconds` (an empty file always waits that long). Then it is read as it is:
+converted if it reads (a PDF without %%EOF, with a warning), failed at once if not.
 """
 
 from __future__ import annotations
@@ -21,18 +29,26 @@ from .watch import Entry
 
 # Waiting between checks of a file that looked incomplete: grows to this.
 MAX_RECHECK_SECONDS = 30.0
+# A file that looks cut short is settled this long (at least quiet_seconds, at most
+# incomplete_seconds) after its writer closed it: some writers (scanners) close the file
+# between chunks and open it again to append, pausing a few seconds in between.
+CLOSED_SETTLE_SECONDS = 10.0
 
 
 @dataclass
 class Candidate:
     entry: Entry
     last_change: float  # monotonic time of the last size/mtime/inode change
-    closed: bool = False  # closed after writing, or moved in, since the last change
+    closed: bool = False  # closed after writing, or moved in: due at once (fast path)
+    # the writer closed it (or it was moved in) and it has not changed since
+    writer_done: bool = False
     next_check: float = 0.0
     checks: int = 0
     busy: bool = False  # a check or a claim is running
     seen: float = 0.0  # monotonic time a scan or an event last showed it
     reported: set[str] = field(default_factory=set)  # warnings already logged
+    # checks that failed with an unexpected exception (a bug), as internal errors
+    failures: list[errors.OcrdError] = field(default_factory=list)
 
     def key(self) -> tuple[int, int, int]:
         return (self.entry.size, self.entry.mtime_ns, self.entry.ino)
@@ -51,11 +67,12 @@ class Claim:
 
 @dataclass(frozen=True)
 class Wait:
-    """Not yet: look again later. `report`: a first notice worth logging (with the
-    probe's reason)."""
+    """Not yet: look again later (at `until`, when it is known: the end of the quiet
+    period). `report`: a first notice worth logging (with the probe's reason)."""
 
     report: str | None = None
     reason: str | None = None
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,21 +108,51 @@ def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
         return Reject() if quiet else Wait()
     if probe is None:  # a link or FIFO took its place: look at what is there now
         return Changed(now_entry) if now_entry is not None else Forget()
-    if isinstance(probe, errors.EmptyFile | errors.Truncated):
-        # Maybe still being written: wait, and give up after incomplete_seconds quiet.
-        if now - cand.last_change >= incomplete_seconds:
-            return Claim(error=probe)
-        first = "incomplete" not in cand.reported
-        return Wait(report="incomplete" if first else None, reason=probe.reason)
-    if isinstance(probe, errors.OcrdError):
-        if probe.reason == "vanished":
-            return Forget()
-        return Claim(error=probe) if quiet else Wait()
+    if isinstance(probe, errors.OcrdError) and probe.reason == "vanished":
+        return Forget()
     if now_entry is None:
         return Forget()
     if (now_entry.size, now_entry.mtime_ns, now_entry.ino) != cand.key():
         return Changed(now_entry)
+    if looks_cut_short(probe):
+        # Maybe still being written: read as it is once it has stopped changing. (An
+        # empty file waits the full incomplete_seconds: writers often create and close
+        # a file before they open it again to fill it.)
+        closed = cand.writer_done and not isinstance(probe, errors.EmptyFile)
+        if settled(cand, quiet_seconds, incomplete_seconds, now, closed):
+            return Claim(error=probe) if isinstance(probe, errors.OcrdError) \
+                else Claim(info=probe)
+        first = "incomplete" not in cand.reported
+        until = cand.last_change + _closed_settle(quiet_seconds, incomplete_seconds) \
+            if closed else None
+        return Wait(report="incomplete" if first else None,
+                    reason=probe.reason if isinstance(probe, errors.OcrdError)
+                    else "no_trailer", until=until)
+    if isinstance(probe, errors.OcrdError):
+        return Claim(error=probe) if quiet else Wait()
     return Claim(info=probe)
+
+
+def looks_cut_short(probe: Probe) -> bool:
+    """The probe found the file's end missing, or failed as a file still being written
+    would: it may still be being written."""
+    if isinstance(probe, DocInfo):
+        return not probe.complete
+    return probe.cut_short
+
+
+def settled(cand: Candidate, quiet_seconds: float, incomplete_seconds: float,
+            now: float, closed: bool) -> bool:
+    """The file has stopped changing: its writer closed it (or moved it in: `closed`)
+    and it has not changed since for CLOSED_SETTLE_SECONDS, or it has not changed for
+    `incomplete_seconds`."""
+    quiet_for = now - cand.last_change
+    return (closed and quiet_for >= _closed_settle(quiet_seconds, incomplete_seconds)) \
+        or quiet_for >= incomplete_seconds
+
+
+def _closed_settle(quiet_seconds: float, incomplete_seconds: float) -> float:
+    return min(incomplete_seconds, max(quiet_seconds, CLOSED_SETTLE_SECONDS))
 
 
 # -- the candidates of one inbox ----------------------------------------------------------
@@ -136,10 +183,10 @@ class Tracker:
         elif (entry.size, entry.mtime_ns, entry.ino) != cand.key():
             cand.entry = entry
             cand.last_change = now
-            cand.closed = False
+            cand.closed = cand.writer_done = False
             cand.next_check = 0.0
         if closed:
-            cand.closed = True
+            cand.closed = cand.writer_done = True
             cand.next_check = 0.0
         cand.seen = now
         return cand
@@ -169,12 +216,14 @@ class Tracker:
                 out.append(cand)
         return out
 
-    def recheck_later(self, cand: Candidate) -> None:
-        """The file looked incomplete: look again later, less often each time."""
+    def recheck_later(self, cand: Candidate, at: float | None = None) -> None:
+        """The file looked incomplete: look again later, less often each time (or `at`,
+        when it is known when the answer can change)."""
         cand.checks += 1
         cand.closed = False
         delay = min(MAX_RECHECK_SECONDS, max(self.quiet, 0.5) * (2 ** min(cand.checks, 6)))
-        cand.next_check = self.clock() + delay
+        now = self.clock()
+        cand.next_check = now + delay if at is None else max(at, now)
 
     def next_wakeup(self) -> float | None:
         """Seconds until some candidate may become due (for the intake loop's sleep)."""

@@ -1,6 +1,12 @@
 """The render workers: `RenderPool` runs ocrd/pages.py's probing and rendering in
 worker processes (PDFium is not thread-safe, and decoding is CPU work that must stay
 off the event loop), and survives a worker that crashes or hangs on a hostile file.
+
+The workers serve every file, and start clean for each: a call names its file (its
+`DocumentWorkers`), and a worker that moves to another file first drops what the last
+one left in it — its open documents and PDFium's whole state (errors, caches, fonts:
+`pages.begin_document`). A worker that crashes fails only the call that crashed it:
+the calls it took down with it are tried again, each alone in a worker of its own.
 """
 
 from __future__ import annotations
@@ -8,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -25,6 +32,14 @@ def _warm() -> int:
     return os.getpid()
 
 
+def _in_document(document: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Worker side: `fn(*args)` for `document`, in a worker cleaned of any other's."""
+    from .pages import begin_document
+
+    begin_document(document)
+    return fn(*args)
+
+
 # ---------------------------------------------------------------------------------------
 # Main-process side
 
@@ -39,12 +54,21 @@ def descriptors_short() -> OSError | None:
     return None
 
 
+def _raise_if_short() -> None:
+    """A page that came back could not be taken in (its file not opened): the daemon's
+    shortage broke the pool, not the file."""
+    short = descriptors_short()
+    if short is not None:
+        raise short from None
+
+
 class RenderPool:
     """Worker processes for probing and rendering.
 
     A worker that crashes (a segfault in a decoder) or hangs breaks the whole
-    ProcessPoolExecutor; the pool is then rebuilt, and the call is tried once more on
-    fresh workers before the file is blamed — the crash may have been another file's.
+    ProcessPoolExecutor; the pool is then rebuilt, and each call it broke is tried once
+    more, alone in a worker of its own, before its file (or page) is blamed — the crash
+    may have been another file's.
     """
 
     def __init__(self, workers: int, timeout: float = 300.0) -> None:
@@ -55,20 +79,28 @@ class RenderPool:
         self._shared = _shared_dir_usable()
         # unique per pool object too: the daemon runs two pools (render and probe)
         self._tag = f"{os.getpid()}-{id(self):x}"
+        self._documents = itertools.count(1)
 
     def _shared_prefix(self, generation: int | None = None) -> str:
         gen = "" if generation is None else f"{generation}-"
         return f"{SHARED_PREFIX}{self._tag}-{gen}"
 
+    def _executor(self, workers: int, tag: str | None) -> concurrent.futures.ProcessPoolExecutor:
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker, initargs=(tag, os.getpid()))
+
     def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             generation = self._generation + 1
-            tag = f"{self._tag}-{generation}" if self._shared else None
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(tag, os.getpid()))
+            self._pool = self._executor(
+                self.workers, f"{self._tag}-{generation}" if self._shared else None)
             self._generation = generation
         return self._pool
+
+    def document(self) -> DocumentWorkers:
+        """The workers as one file uses them: `async with pool.document() as workers`."""
+        return DocumentWorkers(self, next(self._documents))
 
     async def start(self) -> None:
         if self._shared:  # page files a crashed daemon left behind
@@ -82,42 +114,44 @@ class RenderPool:
         if pool is None or generation != self._generation:
             return  # already rebuilt by someone else
         self._pool = None
-        # A hung worker never returns: kill the processes, do not wait for them.
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            with contextlib.suppress(Exception):
-                proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+        _kill(pool)
         if self._shared:  # pages the killed workers wrote that nobody will read
             _remove_shared(self._shared_prefix(generation))
 
     async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
-        loop = asyncio.get_running_loop()
-        for attempt in (1, 2):
-            pool = self._ensure()
-            generation = self._generation
-            try:
-                fut = loop.run_in_executor(pool, fn, *args)
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-                # cancellation that races with the result
-                async with asyncio.timeout(timeout or self.timeout):
-                    return await fut
-            except BrokenProcessPool:
-                self._discard(generation)
-                short = descriptors_short()
-                if short is not None:
-                    # A page that came back could not be taken in (its file not opened):
-                    # the daemon's shortage broke the pool, not this file.
-                    raise short from None
-                if attempt == 2:
-                    raise errors.RenderFailed(
-                        "the renderer crashed on this file twice (a damaged or hostile "
-                        "file?)") from None
-            except TimeoutError:
-                self._discard(generation)
-                raise errors.RenderFailed(
-                    f"rendering took longer than {timeout or self.timeout:.0f} s and was "
-                    "stopped") from None
-        raise AssertionError("unreachable")
+        """`fn(*args)` for a file of its own (one call: a probe of an inbox file)."""
+        return await self.document().call(fn, *args, timeout=timeout)
+
+    async def _call(self, document: int, fn: Callable[..., Any], args: tuple,
+                    timeout: float | None) -> Any:
+        limit = timeout or self.timeout
+        pool = self._ensure()
+        generation = self._generation
+        try:
+            return await _run(pool, document, fn, args, limit)
+        except BrokenProcessPool:
+            self._discard(generation)
+            _raise_if_short()
+        except TimeoutError:
+            self._discard(generation)
+            raise _too_long(limit) from None
+        # Once more, alone: a worker that dies breaks every call of its pool, and the
+        # crash may have been another call's; alone, a call that crashes again is
+        # that call's own failure.
+        alone = self._executor(1, f"{self._tag}-alone{document}" if self._shared else None)
+        try:
+            return await _run(alone, document, fn, args, limit)
+        except BrokenProcessPool:
+            _raise_if_short()
+            raise errors.RenderFailed(
+                "the renderer crashed on this file twice (a damaged or hostile "
+                "file?)") from None
+        except TimeoutError:
+            raise _too_long(limit) from None
+        finally:
+            _kill(alone)
+            if self._shared:
+                _remove_shared(f"{SHARED_PREFIX}{self._tag}-alone{document}-")
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -125,3 +159,53 @@ class RenderPool:
             self._pool = None
         if self._shared:
             _remove_shared(self._shared_prefix())
+
+
+class DocumentWorkers:
+    """The pool as one file uses it: every call names the file, so that a worker that
+    last served another file starts clean for this one."""
+
+    def __init__(self, pool: RenderPool, document: int) -> None:
+        self.pool = pool
+        self.document = document
+
+    async def __aenter__(self) -> DocumentWorkers:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        """`fn(*args)` in a worker. Raises what `fn` raises (an unexpected exception as
+        `errors.InternalError`), or RenderFailed when the worker crashed twice or took
+        longer than the timeout."""
+        return await self.pool._call(self.document, fn, args, timeout)
+
+
+async def _run(executor: concurrent.futures.ProcessPoolExecutor, document: int,
+               fn: Callable[..., Any], args: tuple, limit: float) -> Any:
+    """The call's result; its OcrdError; BrokenProcessPool or TimeoutError for the
+    caller to handle; any other exception as InternalError."""
+    loop = asyncio.get_running_loop()
+    try:
+        fut = loop.run_in_executor(executor, _in_document, document, fn, *args)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+        # that races with the result
+        async with asyncio.timeout(limit):
+            return await fut
+    except (errors.OcrdError, BrokenProcessPool, TimeoutError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a worker's surprise is its file's failure
+        raise errors.internal(e, "reading the file in a render worker") from None
+
+
+def _too_long(limit: float) -> errors.RenderFailed:
+    return errors.RenderFailed(f"rendering took longer than {limit:.0f} s and was stopped")
+
+
+def _kill(executor: concurrent.futures.ProcessPoolExecutor) -> None:
+    """A hung worker never returns: kill the processes, do not wait for them."""
+    for proc in list((getattr(executor, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.kill()
+    executor.shutdown(wait=False, cancel_futures=True)

@@ -226,9 +226,9 @@ def write_pdf_layers(source: IO[bytes], out: IO[bytes], layers: Sequence[PageLay
 def text_chars(path: str) -> list[int]:
     """Characters of text each page of the PDF at path already has (PDFium's count,
     whitespace included); run in a render worker (PDFium is not thread-safe)."""
-    import pypdfium2 as pdfium
+    from .pages import open_pdfium
 
-    doc = pdfium.PdfDocument(path)
+    doc = open_pdfium(path)
     try:
         counts = []
         for i in range(len(doc)):

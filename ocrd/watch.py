@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +90,14 @@ class Ignore:
     def __init__(self, inbox: InboxConfig) -> None:
         self.ignore = [p.lower() for p in (*BUILTIN_IGNORE, *inbox.ignore)]
         self.include = [p.lower() for p in inbox.include]
+
+    @classmethod
+    def rules(cls, ignore: Iterable[str], include: Iterable[str]) -> Ignore:
+        """The rules from patterns alone (a folder given to `ocrd convert`)."""
+        made = cls.__new__(cls)
+        made.ignore = [p.lower() for p in ignore]
+        made.include = [p.lower() for p in include]
+        return made
 
     def ignored_part(self, name: str) -> bool:
         low = name.lower()

@@ -1,7 +1,7 @@
 """`ocrd convert` as OCRmyPDF users expect it: -l/--language for tesseract, -j/--jobs,
 -q and -v; human progress on stderr, with log events (only with -v, or warnings) on
 lines of their own — also on a terminal (a pty here), where the counter line is
-redrawn in place."""
+redrawn in place — and a summary line at the end; a folder is walked as an inbox is."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from helpers import make_pdf, sentence_lines
 
 PROGRESS = re.compile(r"^\d+/\d+ \S+: (ok → \S+ \(\d+ pages?, [\d.]+ s\)|FAILED \[\w+\] .+)$")
+SUMMARY = "2 converted, 1 failed: 1 truncated"
 # structlog's console renderer: timestamp, [level], event
 LOG = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[(debug|info|warning|error)\s*\] (\w+)")
 
@@ -54,9 +55,10 @@ def test_progress_alone_on_stderr_by_default(files: list[Path], tmp_path: Path) 
     r = convert(*files, "-o", "out", cwd=tmp_path)
     assert r.returncode == 3
     assert r.stdout == ""
-    lines = r.stderr.splitlines()
+    *lines, summary = r.stderr.splitlines()
     assert len(lines) == 3 and all(PROGRESS.match(line) for line in lines), lines
     assert sorted(line.split()[1].rstrip(":") for line in lines) == [str(f) for f in files]
+    assert summary == SUMMARY
 
 
 def test_quiet_shows_only_the_failures(files: list[Path], tmp_path: Path) -> None:
@@ -64,7 +66,9 @@ def test_quiet_shows_only_the_failures(files: list[Path], tmp_path: Path) -> Non
     assert r.returncode == 3
     assert r.stderr.splitlines() == [f"{files[2]}: FAILED [truncated] the PDF ends without "
                                      "its trailer (%%EOF): it is truncated or still being "
-                                     "written"]
+                                     "written", SUMMARY]
+    r = convert(*files[:2], "-o", "out", "-q", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == ""  # nothing failed: nothing to say
 
 
 def test_verbose_log_events_are_lines_of_their_own(files: list[Path], tmp_path: Path) -> None:
@@ -75,7 +79,8 @@ def test_verbose_log_events_are_lines_of_their_own(files: list[Path], tmp_path: 
     assert len(progress) == 3
     events = {LOG.match(line).group(2) for line in logs}  # type: ignore[union-attr]
     assert {"engine_chosen", "file_converted", "page_done"} <= events, events
-    assert len(progress) + len(logs) == len(lines), [
+    assert lines[-1] == SUMMARY
+    assert len(progress) + len(logs) + 1 == len(lines), [
         line for line in lines if not (PROGRESS.match(line) or LOG.match(line))]
     assert not [line for line in lines if line.lstrip().startswith("{")]  # no JSON
 
@@ -109,7 +114,44 @@ def test_on_a_terminal_the_counter_line_never_runs_into_a_log_line(
         shown = line.rsplit("\r\x1b[K", 1)[-1]
         is_log, is_progress = bool(LOG.match(shown)), bool(PROGRESS.match(shown))
         is_bar = bool(re.fullmatch(r"(\[[#.]{20}\] \d/3 files)?", shown))
-        assert is_log or is_progress or is_bar, repr(line)
+        assert is_log or is_progress or is_bar or shown == SUMMARY, repr(line)
     visible = [line.rsplit("\r\x1b[K", 1)[-1] for line in lines]
     assert len([v for v in visible if PROGRESS.match(v)]) == 3
+    assert [v for v in visible if v][-1] == SUMMARY  # after the counter line is gone
     assert [v for v in visible if LOG.match(v) and " file_converted " in v]
+
+
+def test_a_folder_is_walked_as_an_inbox_is(tmp_path: Path) -> None:
+    """`ocrd convert FOLDER -o out`: every document in it and its subfolders, the
+    subfolders mirrored in out; what an inbox skips (dotfiles, partial downloads, OS
+    junk) skipped; the output folder, inside it, left alone; links never followed."""
+    docs = tmp_path / "docs"
+    (docs / "2024" / "March").mkdir(parents=True)
+    make_pdf(docs / "a.pdf", [sentence_lines(5, 2)])
+    make_pdf(docs / "2024" / "March" / "b.pdf", [sentence_lines(6, 2)])
+    (docs / "2024" / "bad.pdf").write_bytes(b"%PDF-1.4 and nothing more")
+    (docs / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (docs / "c.pdf.part").write_bytes(b"%PDF-1.4 partial")
+    (docs / "@eaDir").mkdir()
+    (docs / "@eaDir" / "a.pdf").write_bytes(b"synology thumbnail")
+    outside = make_pdf(tmp_path / "outside.pdf", [sentence_lines(7, 2)])
+    (docs / "link.pdf").symlink_to(outside)
+    r = convert(docs, "-o", docs / "out", "-j", "1", cwd=tmp_path)
+    assert r.returncode == 3, r.stderr  # bad.pdf (truncated) and link.pdf: bad input
+    out = docs / "out"
+    assert (out / "a.md").exists() and (out / "2024" / "March" / "b.md").exists()
+    assert json.loads((out / "2024" / "March" / "b.json").read_text())["source"]["path"] \
+        == "2024/March/b.pdf"
+    *lines, summary = r.stderr.splitlines()
+    shown = sorted(line.split()[1].rstrip(":") for line in lines)
+    assert shown == sorted(str(docs / p) for p in ("a.pdf", "2024/March/b.pdf",
+                                                    "2024/bad.pdf", "link.pdf")), lines
+    assert "FAILED [not_a_regular_file]" in [x for x in lines if "link.pdf" in x][0]
+    assert summary == "2 converted, 2 failed: 1 not_a_regular_file, 1 truncated"
+    # a second run does not take the first run's outputs for documents
+    again = convert(docs, "-o", docs / "out", "-j", "1", "-q", cwd=tmp_path)
+    assert "out/" not in again.stderr and again.returncode == 3, again.stderr
+    empty = tmp_path / "empty"
+    (empty / ".stfolder").mkdir(parents=True)  # nothing but what an inbox skips
+    r = convert(empty, "-o", "out", cwd=tmp_path)
+    assert r.returncode == 0 and "no files to convert" in r.stderr

@@ -1,7 +1,7 @@
 """Complete PDFs that cannot be read fail at once, as `damaged`, with one sentence; a
-renderer that makes no plausible page of a PDF fails it rather than archiving a blank
-document; `ocrd convert -c FILE` needs no `state_dir` — the real daemon and command,
-PDFium and poppler."""
+page that poppler renders as a speck is unreadable, while a page whose own size is a
+speck is a blank page; `ocrd convert -c FILE` needs no `state_dir` — the real daemon
+and command, PDFium and poppler."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ INVALID = b"%PDF-1.3\nThis is not a valid PDF file\n%%EOF\n"
 
 
 def tiny_page_pdf() -> bytes:
-    """A well-formed PDF whose one page is 0.1 pt square: both renderers make 1×1 px."""
+    """A well-formed PDF whose one page is 0.1 pt square: both renderers make 1×1 px
+    (tests/real_files/bug_1265.pdf is a real one of 1×1 pt)."""
     objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
             b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 0.1 0.1] /Contents 4 0 R >>",
@@ -53,17 +54,23 @@ def test_renderer_messages_become_one_sentence() -> None:
     assert isinstance(pdffaults.pdf_error("Incorrect password error"), errors.Encrypted)
 
 
-def test_a_page_no_renderer_can_make_is_a_failure(tmp_path: Path) -> None:
+def test_a_speck_of_a_page_is_too_small_for_pdfium_and_unreadable_for_poppler(
+        tmp_path: Path) -> None:
+    """PDFium reads the page's own size: 0.1 pt is a page too small to hold text (blank,
+    never "damaged"). poppler renders the pages of a PDF it cannot read as 1×1 pixels:
+    from it, a speck says the page is unreadable."""
     pdf = tmp_path / "tiny.pdf"
     pdf.write_bytes(tiny_page_pdf())
     info = pages.probe(str(pdf), 144, 10, 10**9, 10**9)
-    for renderer in ("pypdfium2", "pdf2image"):  # PDFium, then poppler as its fallback
-        with pytest.raises(errors.Damaged, match=r"page 1 came out as 1×1 pixels"):
-            pages.render_page(str(pdf), info, 0, 144, 10**9, renderer=renderer)
+    with pytest.raises(errors.PageTooSmall, match=r"page 1 is 0.1×0.1 pt, too small"):
+        pages.render_page(str(pdf), info, 0, 144, 10**9, renderer="pypdfium2")
+    with pytest.raises(errors.Damaged, match=r"page 1 came out as 1×1 pixels"):
+        pages.render_page(str(pdf), info, 0, 144, 10**9, renderer="pdf2image")
 
 
 @pytest.mark.e2e
-def test_daemon_fails_damaged_files_at_once_and_archives_nothing(tmp_path: Path) -> None:
+def test_daemon_fails_damaged_files_at_once_and_keeps_a_speck_page_as_blank(
+        tmp_path: Path) -> None:
     src = make_pdf(tmp_path / "good.pdf", [sentence_lines(30, 3)])
     d = Daemon(tmp_path / "d")
     # a file that looks incomplete would wait 10 minutes: these must not
@@ -72,18 +79,18 @@ def test_daemon_fails_damaged_files_at_once_and_archives_nothing(tmp_path: Path)
         d.start()
         (d.inbox / "invalid.pdf").write_bytes(INVALID)
         (d.inbox / "tiny.pdf").write_bytes(tiny_page_pdf())
-        for name in ("invalid.pdf", "tiny.pdf"):
-            wait_for(lambda n=name: (d.failed / f"{n}.error.json").exists(), 60,
-                     f"{name} in failed/")
+        wait_for((d.failed / "invalid.pdf.error.json").exists, 60, "invalid.pdf in failed/")
+        wait_for((d.outbox / "tiny.md").exists, 60, "tiny.md")
         (d.inbox / "good.pdf").write_bytes(src.read_bytes())
         wait_for((d.outbox / "good.md").exists, 60, "good.md")
-    for name, words in (("invalid.pdf", "damaged and cannot be read"),
-                        ("tiny.pdf", "came out as 1×1 pixels")):
-        err = json.loads((d.failed / f"{name}.error.json").read_text())
-        assert err["reason"] == "damaged" and words in err["message"], err
-        assert "\n" not in err["message"]
-        assert (d.failed / name).exists()
-    assert not (d.outbox / "tiny.md").exists() and not (d.archive / "tiny.pdf").exists()
+    err = json.loads((d.failed / "invalid.pdf.error.json").read_text())
+    assert err["reason"] == "damaged" and "damaged and cannot be read" in err["message"]
+    assert "\n" not in err["message"]
+    assert (d.failed / "invalid.pdf").exists()
+    tiny = json.loads((d.outbox / "tiny.json").read_text())
+    assert tiny["pages"][0]["status"] == "blank", tiny
+    assert "too small to hold text" in tiny["pages"][0]["message"]
+    assert not (d.failed / "tiny.pdf").exists()
 
 
 def test_convert_with_a_config_file_needs_no_state_dir(tmp_path: Path) -> None:

@@ -10,7 +10,16 @@ import pytest
 from ocrd import errors
 from ocrd.config import InboxConfig
 from ocrd.pages import DocInfo
-from ocrd.readiness import Changed, Claim, Forget, Reject, Tracker, Wait, decide
+from ocrd.readiness import (
+    CLOSED_SETTLE_SECONDS,
+    Changed,
+    Claim,
+    Forget,
+    Reject,
+    Tracker,
+    Wait,
+    decide,
+)
 from ocrd.watch import Entry, Ignore, fs_type, is_network_fs, scan
 
 
@@ -179,3 +188,49 @@ def test_decide_rejects_a_link_or_fifo_once_quiet() -> None:
     c = cand_at(0, regular=False)
     assert decide(c, None, None, 5, 60, now=4) == Wait()
     assert decide(c, None, None, 5, 60, now=5) == Reject()
+
+
+# -- "complete" is "stopped changing", not "parses" ---------------------------------------
+
+NO_EOF = DocInfo("pdf", "PDF", 1, "pypdfium2", 100, complete=False, warnings=("no %%EOF",))
+
+
+def test_a_file_cut_short_waits_while_its_writer_may_still_write() -> None:
+    """No close event (a writer holding it open, or a network share): it waits, quiet or
+    not, until incomplete_seconds without a change — readable or not."""
+    c = cand_at(0)
+    undecodable = errors.Damaged("the PNG image is damaged and cannot be decoded")
+    undecodable.cut_short = True  # as an image still being written fails to decode
+    for probe in (NO_EOF, errors.Truncated("cut"), errors.EmptyFile("0 bytes"), undecodable):
+        assert isinstance(decide(c, probe, c.entry, 5, 600, now=300), Wait), probe
+    assert decide(c, NO_EOF, c.entry, 5, 600, now=600) == Claim(info=NO_EOF)
+
+
+def test_a_file_its_writer_closed_is_read_as_it_is_once_settled() -> None:
+    """Closed after writing (or moved in) and unchanged for CLOSED_SETTLE_SECONDS since
+    (writers that close between chunks pause a few seconds): settled. A PDF without
+    %%EOF that reads is converted, one that does not fails — not after 600 s."""
+    clock = Clock()
+    t = Tracker(5, 600, fast_close=True, clock=clock)
+    cand = t.observe(entry("a.pdf"), closed=True)
+    assert t.due() == [cand]  # checked at once ...
+    waiting = decide(cand, NO_EOF, cand.entry, 5, 600, clock.t)
+    assert waiting == Wait(report="incomplete", reason="no_trailer",
+                           until=clock.t + CLOSED_SETTLE_SECONDS)
+    t.recheck_later(cand, waiting.until)  # ... and again once it may have settled
+    clock.t += CLOSED_SETTLE_SECONDS - 0.1
+    assert t.due() == []
+    assert isinstance(decide(cand, NO_EOF, cand.entry, 5, 600, clock.t), Wait)
+    clock.t += 0.1
+    assert t.due() == [cand]
+    assert decide(cand, NO_EOF, cand.entry, 5, 600, clock.t) == Claim(info=NO_EOF)
+    cut = errors.Truncated("cut")
+    assert decide(cand, cut, cand.entry, 5, 600, clock.t) == Claim(error=cut)
+    # an empty file is not settled by a close: writers create, close, then fill
+    assert isinstance(decide(cand, errors.EmptyFile("0"), cand.entry, 5, 600, clock.t), Wait)
+    # never longer than incomplete_seconds, nor shorter than the quiet period
+    assert decide(cand, cut, cand.entry, 5, 4, clock.t - CLOSED_SETTLE_SECONDS + 4) == \
+        Claim(error=cut)
+    # written again after the close: no longer settled
+    t.observe(entry("a.pdf", size=99))
+    assert isinstance(decide(cand, cut, cand.entry, 5, 600, clock.t + 10), Wait)

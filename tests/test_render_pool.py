@@ -12,7 +12,7 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from PIL import Image
 
-from ocrd import pages
+from ocrd import errors, pages
 
 MAX_PIXELS = 50_000_000
 
@@ -66,3 +66,71 @@ def test_outside_a_worker_pages_pickle_as_plain_bytes() -> None:
     copy = pickle.loads(pickle.dumps(page))
     assert copy == page and copy.data == page.data
     assert shared_files() == before
+
+
+def _sleep_then_pid(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_worker_starts_clean_for_each_file() -> None:
+    """One worker, two real files in turn: the encrypted one, then a damaged one that
+    PDFium refuses without saying why. PDFium's last error ("password") used to come
+    over from the first file, and the damaged file was reported as encrypted."""
+    real = Path(__file__).resolve().parent / "real_files"
+
+    async def scenario() -> None:
+        pool = pages.RenderPool(1)
+        await pool.start()
+        try:
+            for _ in range(2):  # and back again: each file's turn starts clean
+                async with pool.document() as locked, pool.document() as damaged:
+                    with pytest.raises(errors.Encrypted):
+                        await locked.call(pages.probe, str(real / "issue6010_1.pdf"),
+                                          144, 50, 10**9, MAX_PIXELS)
+                    with pytest.raises(errors.Damaged):
+                        await damaged.call(pages.probe,
+                                           str(real / "poppler-395-0-fuzzed.pdf"), 144, 50,
+                                           10**9, MAX_PIXELS)
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_fails_only_the_call_that_crashed() -> None:
+    """A worker that crashes breaks every call of the pool; the calls it took down with
+    it (another file's here) are tried again alone and succeed, the crashing one fails."""
+    async def scenario() -> None:
+        pool = pages.RenderPool(2)
+        await pool.start()
+        try:
+            async with pool.document() as a, pool.document() as b:
+                innocent = asyncio.ensure_future(b.call(_sleep_then_pid, 1.0))
+                await asyncio.sleep(0.2)  # the innocent call is running when ...
+                with pytest.raises(errors.RenderFailed, match="crashed on this file twice"):
+                    await a.call(os._exit, 3)  # ... another file's call kills a worker
+                assert await innocent > 0
+                assert await b.call(os.getpid) > 0  # the pool was rebuilt
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unexpected_exception_in_a_worker_is_an_internal_error_with_its_traceback() -> None:
+    async def scenario() -> errors.InternalError:
+        pool = pages.RenderPool(1)
+        try:
+            with pytest.raises(errors.InternalError) as e:
+                await pool.call(int, "not a number")
+            return e.value
+        finally:
+            await pool.close()
+
+    err = asyncio.run(scenario())
+    assert err.reason == "internal_error"
+    assert "ValueError: invalid literal for int()" in str(err)
+    assert err.details and "Traceback" in err.details and "ValueError" in err.details

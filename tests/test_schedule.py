@@ -315,6 +315,15 @@ class FakePool:
     def __init__(self) -> None:
         self.renders = 0
 
+    def document(self) -> FakePool:  # one file's use of the pool: the pool itself here
+        return self
+
+    async def __aenter__(self) -> FakePool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
     async def call(self, fn: Callable[..., Any], *args: Any, **_: Any) -> Any:
         assert fn is pages.render_page
         await asyncio.sleep(0)

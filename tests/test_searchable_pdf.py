@@ -288,10 +288,12 @@ GROUNDED = (
 
 
 def convert_remote(tmp: Path, files: list[Path], text: str,
-                   pdf_text_layer: str = "skip_if_text") -> Path:
-    """`ocrd convert --engine remote --pdf` in this process, against a fake vllm serve."""
+                   pdf_text_layer: str = "skip_if_text", failing: tuple[str, ...] = ()) -> Path:
+    """`ocrd convert --engine remote --pdf` in this process, against a fake vllm serve;
+    `failing`: the reasons of the files expected to fail."""
     from test_remote_engine import MODEL, FakeVllm
 
+    from ocrd.batch import jobs_for
     from ocrd.cli import _convert
     from ocrd.config import parse_config
     from ocrd.progress import Progress
@@ -305,12 +307,14 @@ def convert_remote(tmp: Path, files: list[Path], text: str,
                                        "urls": [fake.url]}}, tmp)
         ns = Namespace(files=files, output=out, prompt="markdown", pdf=True,
                        pdf_text_layer=pdf_text_layer)
+        jobs = jobs_for(files, out)
         try:
-            return await _convert(cfg, ns, Progress(len(files), enabled=False))
+            outcomes = await _convert(cfg, ns, jobs, Progress(len(jobs), enabled=False))
         finally:
             await fake.stop()
+        return [o.error.reason for o in outcomes if o.error is not None]
 
-    assert asyncio.run(run()) == []
+    assert asyncio.run(run()) == list(failing)
     return out
 
 
@@ -445,7 +449,8 @@ def test_replace_removes_an_earlier_invisible_layer_only(tmp_path: Path) -> None
 def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """qpdf refusing the document (made to raise here): Markdown and sidecar are written,
-    the sidecar says why there is no PDF, and no temporary file is left."""
+    the sidecar says why there is no PDF, and no temporary file is left. (`ocrd convert
+    --pdf` then fails the file as pdf_failed: the PDF was asked for by name.)"""
     from helpers import make_pdf
 
     from ocrd import textpdf
@@ -455,7 +460,7 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
 
     monkeypatch.setattr(textpdf, "write_pdf_layers", refuse)
     src = make_pdf(tmp_path / "doc.pdf", [[]])
-    out = convert_remote(tmp_path, [src], "Hello searchable world")
+    out = convert_remote(tmp_path, [src], "Hello searchable world", failing=("pdf_failed",))
     meta = json.loads((out / "doc.json").read_text())
     assert meta["outputs"]["pdf"] is None
     assert "unable to find trailer" in meta["outputs"]["pdf_failed"]
