@@ -86,9 +86,10 @@ class Engine(abc.ABC):
     model: str = ""
     # What `ocr()` returns, and so how `page_markdown` reads it: "grounding":
     # DeepSeek-OCR-2's tag stream (deepseek_ocr2.OUTPUT_FORMAT), figures cropped from the
-    # page image; "text": plain text that is Markdown already. An engine with a grounding
-    # format also follows the inbox's prompt mode.
-    output_format: Literal["grounding", "text"] = "text"
+    # page image; "markdown": the page's Markdown, made by the engine (tesseract, from
+    # its layout: ocrd/page_structure.py); "text": plain text, escaped so that it reads
+    # as itself. An engine with a grounding format also follows the inbox's prompt mode.
+    output_format: Literal["grounding", "markdown", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
     # The resolution it reads best (ocrd/resolution.py): born-digital pages at
@@ -136,6 +137,8 @@ class Engine(abc.ABC):
         `assets_link`."""
         if self.output_format == "grounding":
             return grounding_to_markdown(text, image, page_no, assets_link)
+        if self.output_format == "markdown":
+            return PageMarkdown(text)
         return PageMarkdown(text_to_markdown(text))
 
     def describe(self) -> dict:

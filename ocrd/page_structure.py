@@ -1,0 +1,991 @@
+"""The structure of an OCR'd page, as Markdown: paragraphs, lists, tables, headings and
+columns, found in the geometry of its words (tesseract's blocks, paragraphs, lines and
+word boxes) and written with the words exactly as they were read.
+
+Lengths are measured in ems of the page's body text, so that a page scanned at any
+resolution is read alike. When the geometry leaves a structure in doubt, the lines stay
+as they are rather than becoming a wrong table or list.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from . import cjk
+from .markdown import escape_line
+
+Box = tuple[int, int, int, int]  # left, top, right, bottom: pixels of the page image
+# Where the page image has dark pixels within a box (at least so many of them): the box
+# around them, or None. It shows list markers that the engine did not read as words.
+Ink = Callable[[Box, int], "Box | None"]
+
+# -- what the engine hands over -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A word as the engine read it."""
+
+    text: str
+    box: Box
+    conf: float = 100.0  # 0-100; below 0: not given
+    spaced: bool = True  # written with a space before it (False: CJK run on)
+
+
+@dataclass(slots=True)
+class Line:
+    """One line of words as the engine's layout found it, in its block and paragraph."""
+
+    tokens: list[Token]
+    block: int = 0
+    par: int = 0
+
+    @property
+    def box(self) -> Box:
+        return _union(t.box for t in self.tokens)
+
+
+@dataclass
+class Reading:
+    """A page as read: its lines in the engine's order and the ruling lines it found
+    (thin boxes without text: table grids, underlines)."""
+
+    lines: list[Line]
+    rules: list[Box] = field(default_factory=list)
+
+
+# -- tuning (in ems of body text) ---------------------------------------------------------
+
+CELL_GAP = 1.0  # a gap this wide inside a line parts table cells (or columns)
+GUTTER = 1.0  # a clear strip this wide between regions parts columns of text
+HEADING = 1.25  # a line this much larger than body text is a heading
+TITLE = 1.65  # ... and this much larger, the page's title (#)
+MAX_HEADING_WORDS = 14
+TABLE_ROW_GAP = 1.2  # rows of a table follow each other at most this far apart
+PARAGRAPH_GAP = 0.9  # more space than this above a line starts a new paragraph
+ALIGN = 0.6  # lines start "at the same place" within this
+
+BULLETS = frozenset("•·●○◦▪■□‣⁃∙◆◇►▸➢➤✓✔-–—*+")
+# what tesseract makes of a small round bullet
+_BULLET_READINGS = frozenset({"e", "o", "°", "«", "»", "¢", "©", "®", "*", "»", "+", "«",
+                              "e»", "©)", "eo", "oe", ".", "·"})
+_JUNK = r"[.,:;'’`]?"  # a speck read after the marker
+_NUMBER = re.compile(r"(\(?(\d{1,3})([.)]))" + _JUNK)
+_LETTER = re.compile(r"(\(?([a-zA-Z])([.)]))" + _JUNK)
+_ROMAN = re.compile(r"(\(?((?:x{0,3})(?:ix|iv|v?i{0,3}))([.)]))" + _JUNK, re.IGNORECASE)
+_TALL_MARKS = frozenset("()[]{}|/\\$@")  # reach above capitals and below the baseline
+_DESCENDERS = frozenset("gjpqy")
+_ALNUM = re.compile(r"\w")
+
+
+def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
+    """The page's Markdown: its blocks in reading order, a blank line between them.
+    `ink` (where the page image is dark) finds list markers that were not read."""
+    lines = [line for line in reading.lines if line.tokens]
+    if not lines:
+        return ""
+    page = _Metrics.of(lines)
+    lines = _attach_markers(lines, page)
+    rules = [_Rule.of(box, page.em) for box in reading.rules]
+    rows = [r for r in rules if r is not None]
+    tables, used = _tables(lines, rows, page)
+    regions = _regions(lines, used, tables, page)
+    ordered = _reading_order(regions, page)
+    return "\n\n".join(_Builder(page, lines, ink).build(ordered))
+
+
+# -- measuring the page ------------------------------------------------------------------
+
+
+def _union(boxes: Iterable[Box]) -> Box:
+    ls, ts, rs, bs = zip(*boxes, strict=True)
+    return min(ls), min(ts), max(rs), max(bs)
+
+
+def _token_em(t: Token) -> float | None:
+    """The font size a word's box suggests: its height over the share of an em that its
+    letters span (from the highest top to the lowest descender); None for words with
+    brackets or without letters, whose boxes say little."""
+    text = t.text
+    if not _ALNUM.search(text) or any(c in _TALL_MARKS for c in text):
+        return None
+    h = t.box[3] - t.box[1]
+    if any(ord(c) > 0x2E80 for c in text):
+        return h / 0.9
+    top = max((_top(c) for c in text if c.isalnum()), default=0.5)
+    bottom = 0.21 if any(c in _DESCENDERS for c in text) else 0.0
+    return h / (top + bottom)
+
+
+def _top(c: str) -> float:
+    """How far above the baseline a character reaches, in ems (typical of Latin text
+    faces: x-height 0.5, ascenders and capitals 0.7)."""
+    if c.isupper() or c.isdigit() or c in "bdfhklß":
+        return 0.7
+    if c in "ijt":
+        return 0.64
+    return 0.5 if c.isascii() else 0.7
+
+
+def _line_em(line: Line) -> float:
+    sizes = [s for t in line.tokens if (s := _token_em(t))]
+    if not sizes:
+        return float(max(t.box[3] - t.box[1] for t in line.tokens))
+    return statistics.median(sizes)
+
+
+@dataclass
+class _Metrics:
+    em: float  # body text's font size, pixels
+    space: float  # a word space, pixels
+    pitch: float  # body text's line pitch, pixels
+
+    @classmethod
+    def of(cls, lines: list[Line]) -> _Metrics:
+        body = [_line_em(ln) for ln in lines if sum(1 for t in ln.tokens
+                                                    if _ALNUM.search(t.text)) >= 3]
+        em = statistics.median(body) if body else statistics.median(_line_em(ln)
+                                                                    for ln in lines)
+        gaps = [b.box[0] - a.box[2] for ln in lines
+                for a, b in zip(ln.tokens, ln.tokens[1:], strict=False)
+                if b.spaced and 0 < b.box[0] - a.box[2] < em]
+        space = statistics.median(gaps) if gaps else em * 0.3
+        pitches = []
+        for a, b in zip(lines, lines[1:], strict=False):
+            if (a.block, a.par) == (b.block, b.par):
+                step = b.box[1] - a.box[1]
+                if 0.8 * em < step < 2.5 * em:
+                    pitches.append(step)
+        pitch = statistics.median(pitches) if pitches else em * 1.25
+        return cls(max(em, 1.0), max(space, 1.0), max(pitch, 1.0))
+
+
+@dataclass(frozen=True)
+class _Rule:
+    box: Box
+    vertical: bool
+
+    @classmethod
+    def of(cls, box: Box, em: float) -> _Rule | None:
+        w, h = box[2] - box[0], box[3] - box[1]
+        if h <= 0.3 * em and w >= 2 * em:
+            return cls(box, False)
+        if w <= 0.3 * em and h >= 1.2 * em:
+            return cls(box, True)
+        return None
+
+    @property
+    def x(self) -> float:
+        return (self.box[0] + self.box[2]) / 2
+
+    @property
+    def y(self) -> float:
+        return (self.box[1] + self.box[3]) / 2
+
+
+def _marker_like(t: Token) -> bool:
+    text = t.text
+    return (text in BULLETS or text in _BULLET_READINGS or not _ALNUM.search(text)
+            or bool(_NUMBER.fullmatch(text) or _LETTER.fullmatch(text)))
+
+
+def _attach_markers(lines: list[Line], page: _Metrics) -> list[Line]:
+    """List markers that tesseract read as a block of their own (a column of `1.`,
+    `2.` beside the items): each goes back to the start of the line it stands beside."""
+    out = list(lines)
+    gone: set[int] = set()
+    for i, line in enumerate(lines):
+        if len(line.tokens) > 6 or not all(_marker_like(t) for t in line.tokens):
+            continue
+        targets = [_beside(t, lines, i, page) for t in line.tokens]
+        if None in targets or len(set(targets)) != len(targets):
+            continue
+        for tok, k in zip(line.tokens, targets, strict=True):
+            assert k is not None
+            out[k] = Line([tok, *out[k].tokens], out[k].block, out[k].par)
+        gone.add(i)
+    return [ln for k, ln in enumerate(out) if k not in gone]
+
+
+def _beside(tok: Token, lines: list[Line], skip: int, page: _Metrics) -> int | None:
+    """The line whose words start just right of the token, on its height."""
+    best, dist = None, 4 * page.em
+    for k, line in enumerate(lines):
+        first = line.tokens[0]
+        d = first.box[0] - tok.box[2]
+        overlap = min(tok.box[3], first.box[3]) - max(tok.box[1], first.box[1])
+        if k != skip and 0 < d < dist and overlap >= 0.5 * (tok.box[3] - tok.box[1]) \
+                and not all(_marker_like(t) for t in line.tokens):
+            best, dist = k, d
+    return best
+
+
+# -- tables ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    """Words of one line between wide gaps: a cell of a table row, or a whole line."""
+
+    tokens: list[Token]
+    line: int  # index into the page's lines
+
+    @property
+    def box(self) -> Box:
+        return _union(t.box for t in self.tokens)
+
+
+@dataclass
+class _Row:
+    segments: list[_Segment]
+
+    @property
+    def box(self) -> Box:
+        return _union(s.box for s in self.segments)
+
+
+@dataclass
+class Table:
+    """A grid of cells (the first row is the header) and where it lies on the page."""
+
+    cells: list[list[str]]
+    box: Box
+    right_aligned: list[bool]
+
+
+def _segments(lines: list[Line], rules: list[_Rule], page: _Metrics) -> list[_Segment]:
+    """Each line cut at gaps wide enough to part cells, and where it crosses a vertical
+    rule."""
+    verticals = [r for r in rules if r.vertical]
+    out = []
+    for i, line in enumerate(lines):
+        tokens = [t for t in line.tokens if not _on_rule(t, verticals, page)]
+        if not tokens:
+            continue
+        cur = [tokens[0]]
+        for prev, tok in zip(tokens, tokens[1:], strict=False):
+            gap = tok.box[0] - prev.box[2]
+            ruled = any(prev.box[2] <= r.x <= tok.box[0] and _spans(r, tok.box)
+                        for r in verticals)
+            if gap >= CELL_GAP * page.em or ruled:
+                out.append(_Segment(cur, i))
+                cur = []
+            cur.append(tok)
+        out.append(_Segment(cur, i))
+    return out
+
+
+def _spans(rule: _Rule, box: Box) -> bool:
+    return rule.box[1] <= (box[1] + box[3]) / 2 <= rule.box[3]
+
+
+def _on_rule(t: Token, verticals: list[_Rule], page: _Metrics) -> bool:
+    """A vertical rule read as a character (`|`, `I`, `l`, ...)."""
+    if len(t.text) > 1 or t.text.isalnum() and t.text not in "Il1":
+        return False
+    mid = (t.box[0] + t.box[2]) / 2
+    return any(abs(mid - r.x) <= 0.4 * page.em and _spans(r, t.box) for r in verticals)
+
+
+def _rows(segments: list[_Segment]) -> list[_Row]:
+    """Segments side by side on the same height, top to bottom."""
+    rows: list[_Row] = []
+    for seg in sorted(segments, key=lambda s: (s.box[1] + s.box[3]) / 2):
+        top, bottom = seg.box[1], seg.box[3]
+        for row in reversed(rows[-4:]):
+            rt, rb = row.box[1], row.box[3]
+            overlap = min(bottom, rb) - max(top, rt)
+            if overlap >= 0.5 * min(bottom - top, rb - rt) and not any(
+                    s.box[0] < seg.box[2] and seg.box[0] < s.box[2] for s in row.segments):
+                row.segments.append(seg)
+                row.segments.sort(key=lambda s: s.box[0])
+                break
+        else:
+            rows.append(_Row([seg]))
+    return rows
+
+
+def _tables(lines: list[Line], rules: list[_Rule], page: _Metrics,
+            ) -> tuple[list[Table], set[int]]:
+    """The page's tables and the lines they took."""
+    rows = _rows(_segments(lines, rules, page))
+    tables: list[Table] = []
+    used: set[int] = set()
+    i = 0
+    while i < len(rows):
+        if len(rows[i].segments) < 2:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(rows) and _continues(rows[j], rows[j + 1], page):
+            j += 1
+        found = _grid(rows[i:j + 1], lines, rules, page)
+        if found is None:
+            i += 1
+            continue
+        table, taken = found
+        tables.append(table)
+        used |= taken
+        i = j + 1
+    return tables, used
+
+
+def _continues(row: _Row, nxt: _Row, page: _Metrics) -> bool:
+    if len(nxt.segments) < 2:
+        return False
+    a, b = row.box, nxt.box
+    return b[1] - a[3] <= TABLE_ROW_GAP * page.em and a[0] < b[2] and b[0] < a[2]
+
+
+def _grid(rows: list[_Row], lines: list[Line], rules: list[_Rule], page: _Metrics,
+          ) -> tuple[Table, set[int]] | None:
+    """The rows as a table, if their cells line up in columns; None otherwise."""
+    box = _union(r.box for r in rows)
+    ruled = _ruled(box, rules, page)
+    if len(rows) < (2 if ruled else 3):
+        return None
+    columns = _columns(rows)
+    if columns is None or len(columns) < 2:
+        return None
+    grid: list[list[list[Token]]] = [[[] for _ in columns] for _ in rows]
+    for r, row in enumerate(rows):
+        for seg in row.segments:
+            for tok in seg.tokens:
+                grid[r][_column_of(tok.box, columns)].append(tok)
+    filled = sum(1 for row in grid for cell in row if cell)
+    if filled < 0.6 * len(rows) * len(columns):
+        return None
+    if all(len(cell) == 1 and _marker_like(cell[0]) for row in grid if (cell := row[0])):
+        return None  # a list: its markers stand apart from the items' words
+    counts = [[len(cell) for row in grid if (cell := row[c])] for c in range(len(columns))]
+    if not ruled and _prose_columns(rows, columns, counts, lines):
+        return None
+    cells = [[_words(cell) for cell in row] for row in grid]
+    right = [_right_aligned([row[c] for row in grid[1:] if row[c]])
+             for c in range(len(columns))]
+    taken = {s.line for row in rows for s in row.segments}
+    return Table(cells, box, right), taken
+
+
+def _ruled(box: Box, rules: list[_Rule], page: _Metrics) -> bool:
+    """Whether vertical rules part the area's columns (a grid drawn around the cells)."""
+    inside = [r for r in rules if r.vertical and box[0] - page.em <= r.x <= box[2] + page.em
+              and r.box[1] <= box[3] and box[1] <= r.box[3]]
+    return len(inside) >= 3
+
+
+def _columns(rows: list[_Row]) -> list[tuple[int, int]] | None:
+    """Column extents from the rows with the most common number of cells (two or more);
+    None when those rows do not line up."""
+    counts = [len(r.segments) for r in rows if len(r.segments) >= 2]
+    if not counts:
+        return None
+    k = max(set(counts), key=lambda n: (counts.count(n), n))
+    full = [r for r in rows if len(r.segments) == k]
+    if len(full) < 2:
+        return None
+    columns = []
+    for c in range(k):
+        left = min(r.segments[c].box[0] for r in full)
+        right = max(r.segments[c].box[2] for r in full)
+        columns.append((left, right))
+    if any(a[1] >= b[0] for a, b in zip(columns, columns[1:], strict=False)):
+        return None
+    return columns
+
+
+def _column_of(box: Box, columns: list[tuple[int, int]]) -> int:
+    mid = (box[0] + box[2]) / 2
+    best, dist = 0, float("inf")
+    for c, (left, right) in enumerate(columns):
+        d = 0.0 if left <= mid <= right else min(abs(mid - left), abs(mid - right))
+        if d < dist:
+            best, dist = c, d
+    return best
+
+
+def _prose_columns(rows: list[_Row], columns: list[tuple[int, int]],
+                   counts: list[list[int]], lines: list[Line]) -> bool:
+    """Columns of running text side by side rather than a table: every column holds
+    several words a line, or each column is a block of text of its own that goes on
+    above or below these rows."""
+    medians = [statistics.median(c) if c else 0 for c in counts]
+    if min(medians) >= 5:
+        return True
+    if min(medians) < 3:
+        return False
+    blocks: list[set[int]] = [set() for _ in columns]
+    for row in rows:
+        for seg in row.segments:
+            blocks[_column_of(seg.box, columns)].add(lines[seg.line].block)
+    if any(a & b for i, a in enumerate(blocks) for b in blocks[i + 1:]):
+        return False
+    taken = {s.line for r in rows for s in r.segments}
+    involved = set().union(*blocks)
+    return any(line.block in involved and i not in taken for i, line in enumerate(lines))
+
+
+def _right_aligned(cells: list[list[Token]]) -> bool:
+    if len(cells) < 2:
+        return False
+    lefts = [c[0].box[0] for c in cells]
+    rights = [c[-1].box[2] for c in cells]
+    return max(rights) - min(rights) < max(lefts) - min(lefts)
+
+
+def _words(tokens: Sequence[Token]) -> str:
+    """Words of one line (or cell) as written: spaces where the page has them."""
+    out = []
+    for k, t in enumerate(tokens):
+        if k and t.spaced:
+            out.append(" ")
+        out.append(t.text)
+    return "".join(out)
+
+
+# -- regions and reading order -----------------------------------------------------------
+
+
+@dataclass
+class _Region:
+    """Lines of one block of text (or one table) that are read together."""
+
+    lines: list[int]  # indexes into the page's lines
+    box: Box
+    table: Table | None = None
+    column: tuple[int, int] = (0, 0)  # left and right edge of its column of text
+
+
+def _regions(lines: list[Line], used: set[int], tables: list[Table],
+             page: _Metrics) -> list[_Region]:
+    """Tesseract's blocks without the lines that went into tables, cut where a table
+    lies between their lines; and the tables."""
+    out: list[_Region] = []
+    by_block: dict[int, list[int]] = {}
+    for i, line in enumerate(lines):
+        if i not in used and not _noise(line):
+            by_block.setdefault(line.block, []).append(i)
+    for idxs in by_block.values():
+        run: list[int] = []
+        for i in idxs:
+            if run and any(lines[run[-1]].box[3] <= t.box[1] and t.box[3] <= lines[i].box[1]
+                           for t in tables):
+                out.append(_Region(run, _union(lines[k].box for k in run)))
+                run = []
+            run.append(i)
+        if run:
+            out.append(_Region(run, _union(lines[k].box for k in run)))
+    out.extend(_Region([], t.box, t) for t in tables)
+    return out
+
+
+def _noise(line: Line) -> bool:
+    """A line of specks: no letter or digit read with any confidence."""
+    return not any(_ALNUM.search(t.text) and t.conf >= 30 for t in line.tokens)
+
+
+def _reading_order(regions: list[_Region], page: _Metrics) -> list[_Region]:
+    """Regions read column by column: recursive cuts through the white space between
+    them, down the page first where a gutter runs through (a band of the page whose
+    columns continue below keeps its gutter)."""
+    out: list[_Region] = []
+    if regions:
+        _order(regions, page, out, (min(r.box[0] for r in regions),
+                                    max(r.box[2] for r in regions)))
+    return out
+
+
+def _order(regions: list[_Region], page: _Metrics, out: list[_Region],
+           column: tuple[int, int] | None) -> None:
+    if len(regions) <= 1:
+        out.extend(_with_column(regions, column))
+        return
+    columns = _split(regions, 0, GUTTER * page.em)
+    if len(columns) > 1:
+        for part in columns:
+            _order(part, page, out, (min(r.box[0] for r in part), max(r.box[2] for r in part)))
+        return
+    bands = _split(regions, 1, 0)
+    if len(bands) == 1:
+        out.extend(_with_column(sorted(regions, key=lambda r: (r.box[1], r.box[0])),
+                                column))
+        return
+    groups = _merge_bands(bands, page)
+    for group in groups:
+        if len(groups) == 1:  # no progress possible: read the bands top to bottom
+            for band in bands:
+                _order(band, page, out, column)
+            return
+        _order(group, page, out, column)
+
+
+def _with_column(regions: list[_Region], column: tuple[int, int] | None,
+                 ) -> list[_Region]:
+    for r in regions:
+        if column is not None:
+            r.column = column
+    return regions
+
+
+def _split(regions: list[_Region], axis: int, min_gap: float) -> list[list[_Region]]:
+    """Regions parted by clear strips across the whole set (axis 0: vertical strips,
+    left to right; axis 1: horizontal ones, top to bottom)."""
+    order = sorted(regions, key=lambda r: r.box[axis])
+    parts: list[list[_Region]] = [[order[0]]]
+    reach = order[0].box[axis + 2]
+    for r in order[1:]:
+        if r.box[axis] - reach > min_gap:
+            parts.append([r])
+        else:
+            parts[-1].append(r)
+        reach = max(reach, r.box[axis + 2])
+    return parts
+
+
+def _gutters(band: list[_Region], page: _Metrics) -> list[tuple[int, int]]:
+    parts = _split(band, 0, GUTTER * page.em)
+    return [(max(r.box[2] for r in a), min(r.box[0] for r in b))
+            for a, b in zip(parts, parts[1:], strict=False)]
+
+
+def _merge_bands(bands: list[list[_Region]], page: _Metrics) -> list[list[_Region]]:
+    """Neighbouring bands joined where a gutter of one runs clear through the other, so
+    that columns whose paragraphs happen to end on the same height stay columns."""
+    groups = [list(bands[0])]
+    for band in bands[1:]:
+        prev = groups[-1]
+        if _shares_gutter(prev, band, page):
+            prev.extend(band)
+        else:
+            groups.append(list(band))
+    return groups
+
+
+def _shares_gutter(a: list[_Region], b: list[_Region], page: _Metrics) -> bool:
+    for top, other in ((a, b), (b, a)):
+        for left, right in _gutters(top, page):
+            if right - left <= GUTTER * page.em:
+                continue
+            if all(r.box[2] <= left or r.box[0] >= right for r in other):
+                return True
+    return False
+
+
+# -- lines into blocks -------------------------------------------------------------------
+
+
+@dataclass
+class _Marker:
+    kind: str  # bullet, number, letter, roman, lost
+    text: str  # as read, e.g. "3." or "b)"; "" for a bullet or a lost marker
+    value: int  # the number or letter's place (1 for "1." or "a)"); 0 for bullets
+    delim: str  # "." or ")"
+    left: int  # where the marker starts
+    text_left: int  # where the item's words start
+
+
+@dataclass
+class _TextLine:
+    tokens: list[Token]  # without the marker
+    line: Line
+    region: int
+    left: int
+    right: int
+    top: int
+    bottom: int
+    em: float
+    marker: _Marker | None = None
+    heading: int = 0  # 1 or 2 for a heading line
+
+
+@dataclass
+class _Item:
+    depth: int
+    marker: _Marker
+    lines: list[_TextLine]
+
+
+@dataclass
+class _Block:
+    kind: str  # heading, paragraph, list, table
+    lines: list[_TextLine] = field(default_factory=list)
+    items: list[_Item] = field(default_factory=list)
+    level: int = 0
+    table: Table | None = None
+    column: tuple[int, int] = (0, 0)
+
+
+class _Builder:
+    """Walks the lines in reading order and groups them into headings, paragraphs and
+    lists; tables come whole."""
+
+    def __init__(self, page: _Metrics, lines: list[Line], ink: Ink | None) -> None:
+        self.page = page
+        self._lines = lines
+        self._ink = ink
+        self.blocks: list[_Block] = []
+
+    def build(self, regions: list[_Region]) -> list[str]:
+        prev: _TextLine | None = None
+        for k, region in enumerate(regions):
+            if region.table is not None:
+                self.blocks.append(_Block("table", table=region.table))
+                prev = None
+                continue
+            for i in region.lines:
+                line = self._text_line(region, k, i)
+                self._add(prev, line, region.column)
+                prev = line
+        self._lost_first_items()
+        return [md for b in self.blocks if (md := _block_markdown(b, self.page))]
+
+    # -- reading one line ------------------------------------------------------------
+
+    def _text_line(self, region: _Region, k: int, i: int) -> _TextLine:
+        line = self._lines[i]
+        tokens = [t for t in line.tokens if not _speck(t, self.page) or t is line.tokens[0]]
+        box = _union(t.box for t in tokens)
+        tl = _TextLine(tokens, line, k, box[0], box[2], box[1], box[3], _line_em(line))
+        tl.marker = _marker(tokens, self.page)
+        if tl.marker is not None:
+            tl.tokens = tokens[1:]
+        elif _speck(tokens[0], self.page) and len(tokens) > 1:
+            tl.tokens = tokens[1:]
+            tl.left = tl.tokens[0].box[0]
+        if tl.marker is None:
+            tl.marker = self._unread_marker(tl, region.column)
+        if tl.marker is None and self._heading_sized(line):
+            tl.heading = 1 if tl.em >= TITLE * self.page.em else 2
+        return tl
+
+    def _unread_marker(self, line: _TextLine, column: tuple[int, int]) -> _Marker | None:
+        """A mark in the white space before an indented line that no word was read
+        from: a list marker tesseract took for dirt."""
+        em = self.page.em
+        zone = (column[0] - round(0.5 * em), line.top, line.left - round(0.25 * em),
+                line.bottom)
+        if self._ink is None or zone[2] - zone[0] < 0.5 * em:
+            return None
+        for other in self._lines:
+            for t in other.tokens:
+                if t.box[0] < zone[2] and zone[0] < t.box[2] and t.box[1] < zone[3] \
+                        and zone[1] < t.box[3]:
+                    return None
+        found = self._ink(zone, max(2, round((0.1 * em) ** 2)))
+        if found is None:
+            return None
+        w, h = found[2] - found[0], found[3] - found[1]
+        middle = (found[1] + found[3]) / 2
+        if not (line.top <= middle <= line.bottom and 0.1 * em <= max(w, h) <= 2.5 * em
+                and h <= 1.0 * em):
+            return None
+        return _Marker("lost", "", 0, "", found[0], line.left)
+
+    def _heading_sized(self, line: Line) -> bool:
+        """A heading: a short line of large words, in a paragraph of such lines."""
+        sizes = [s for t in line.tokens if (s := _token_em(t))]
+        if not 0 < len(sizes) <= MAX_HEADING_WORDS:
+            return False
+        em = self.page.em
+        if statistics.median(sizes) < HEADING * em or min(sizes) < 1.1 * em:
+            return False
+        return all(_line_em(other) >= HEADING * em for other in self._lines
+                   if (other.block, other.par) == (line.block, line.par))
+
+    # -- grouping ----------------------------------------------------------------------
+
+    def _add(self, prev: _TextLine | None, line: _TextLine, column: tuple[int, int]) -> None:
+        cur = self.blocks[-1] if self.blocks else None
+        if line.heading:
+            if (cur is not None and cur.kind == "heading" and prev is not None
+                    and prev.heading == line.heading and prev.region == line.region
+                    and line.top - prev.bottom < 0.8 * line.em):
+                cur.lines.append(line)
+                return
+            self.blocks.append(_Block("heading", [line], level=line.heading, column=column))
+            return
+        if line.marker is not None:
+            if cur is not None and cur.kind == "list":
+                cur.items.append(_Item(self._depth(cur, line.marker), line.marker, [line]))
+            else:
+                self.blocks.append(_Block("list", items=[_Item(0, line.marker, [line])],
+                                          column=column))
+            return
+        if cur is not None and cur.kind == "list" and prev is not None:
+            depth = self._continues_list(cur, prev, line, column)
+            if depth is not None:
+                item = cur.items[-1]
+                if depth < 0:
+                    item.lines.append(line)
+                else:
+                    lost = _Marker("lost", "", 0, "", line.left, line.left)
+                    cur.items.append(_Item(depth, lost, [line]))
+                return
+        if (cur is not None and cur.kind == "paragraph" and prev is not None
+                and self._same_paragraph(prev, line, column)):
+            cur.lines.append(line)
+            return
+        self.blocks.append(_Block("paragraph", [line], column=column))
+
+    def _depth(self, block: _Block, marker: _Marker) -> int:
+        """The nesting depth of a new item: by where its marker stands among the
+        list's earlier items."""
+        tol = ALIGN * self.page.em
+        stack: list[_Marker] = []
+        for item in block.items:
+            while stack and item.marker.left < stack[-1].left - tol:
+                stack.pop()
+            if stack and abs(item.marker.left - stack[-1].left) <= tol:
+                stack[-1] = item.marker
+            elif not stack or item.marker.left > stack[-1].left + tol:
+                stack.append(item.marker)
+        while stack and marker.left < stack[-1].left - tol:
+            stack.pop()
+        if stack and abs(marker.left - stack[-1].left) <= tol:
+            return len(stack) - 1
+        if stack and marker.left > stack[-1].left + tol:
+            return len(stack)
+        return max(0, len(stack) - 1)
+
+    def _continues_list(self, block: _Block, prev: _TextLine, line: _TextLine,
+                        column: tuple[int, int]) -> int | None:
+        """-1: the line goes on with the list's last item; d >= 0: a new item of depth d
+        whose marker was not read; None: the list has ended."""
+        tol = ALIGN * self.page.em
+        item = block.items[-1]
+        if line.top - prev.bottom > 2.5 * self.page.em:
+            return None
+        if abs(line.left - item.marker.text_left) <= tol and not _deliberate(
+                prev, line, column, self.page):
+            return -1
+        for it in reversed(block.items):
+            if abs(line.left - it.marker.text_left) <= tol and it.marker.kind != "lost" \
+                    and it.marker.left < line.left - tol:
+                return it.depth
+            if abs(line.left - it.marker.text_left) <= tol and it.marker.kind == "lost":
+                return it.depth
+        return None
+
+    def _same_paragraph(self, prev: _TextLine, line: _TextLine,
+                        column: tuple[int, int]) -> bool:
+        if prev.region != line.region:
+            return False
+        if line.top - prev.bottom > PARAGRAPH_GAP * self.page.em:
+            return False
+        indent = line.left - prev.left
+        if prev.line.par != line.line.par:
+            return False  # tesseract starts a paragraph here
+        if indent > 1.2 * self.page.em and _deliberate(prev, line, column, self.page):
+            return False  # a first-line indent after a short line
+        return True
+
+    def _lost_first_items(self) -> None:
+        """A short paragraph right before a list, standing where the list's words
+        start: items whose markers were not read."""
+        tol = ALIGN * self.page.em
+        for k in range(len(self.blocks) - 1, 0, -1):
+            block, before = self.blocks[k], self.blocks[k - 1]
+            if block.kind != "list" or before.kind != "paragraph":
+                continue
+            first = block.items[0]
+            if first.marker.kind == "lost":
+                continue
+            if not all(abs(ln.left - first.marker.text_left) <= tol for ln in before.lines):
+                continue
+            if not first.marker.left < before.lines[0].left - tol:
+                continue
+            items = []
+            for ln in before.lines:
+                if items and not _deliberate(items[-1].lines[-1], ln, before.column,
+                                             self.page):
+                    items[-1].lines.append(ln)
+                else:
+                    lost = _Marker("lost", "", 0, "", ln.left, ln.left)
+                    items.append(_Item(first.depth, lost, [ln]))
+            block.items[:0] = items
+            del self.blocks[k - 1]
+
+
+def _speck(t: Token, page: _Metrics) -> bool:
+    """Dust read as a mark: no letter or digit, smaller than lowercase letters."""
+    return not _ALNUM.search(t.text) and (t.box[3] - t.box[1]) < 0.4 * page.em \
+        and t.text not in "-–—"
+
+
+def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
+    """The list marker that starts a line, if there is one."""
+    if len(tokens) < 2:
+        return None
+    first, second = tokens[0], tokens[1]
+    text = first.text
+    gap = second.box[0] - first.box[2]
+    left, text_left = first.box[0], second.box[0]
+    if not _ALNUM.search(second.text) and not second.text.startswith(("(", "\"", "'")):
+        return None
+    if text in BULLETS and gap > 0:
+        return _Marker("bullet", "", 0, "", left, text_left)
+    if m := _NUMBER.fullmatch(text):
+        return _Marker("number", m[1], int(m[2]), m[3], left, text_left)
+    if (m := _LETTER.fullmatch(text)) and (m[3] == ")" or gap >= 0.5 * page.em):
+        return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left)
+    if (m := _ROMAN.fullmatch(text)) and m[2]:
+        return _Marker("roman", m[1], 0, m[3], left, text_left)
+    if len(text) <= 2 and (text in _BULLET_READINGS or not _ALNUM.search(text)) \
+            and gap >= 0.4 * page.em and _bullet_shaped(first, tokens[1:], page):
+        return _Marker("bullet", "", 0, "", left, text_left)
+    return None
+
+
+def _bullet_shaped(mark: Token, words: list[Token], page: _Metrics) -> bool:
+    """A bullet read as some small character: a dot about a quarter of an em across,
+    at the middle of the line's lowercase letters (not dust anywhere)."""
+    w, h = mark.box[2] - mark.box[0], mark.box[3] - mark.box[1]
+    if not (0.15 * page.em <= min(w, h) and max(w, h) <= 0.6 * page.em and
+            max(w, h) <= 2.2 * min(w, h)):
+        return False
+    bottoms = [t.box[3] for t in words if _ALNUM.search(t.text)
+               and not any(c in _DESCENDERS for c in t.text)]
+    if not bottoms:
+        return False
+    baseline = statistics.median(bottoms)
+    middle = (mark.box[1] + mark.box[3]) / 2
+    return baseline - 0.55 * page.em <= middle <= baseline - 0.05 * page.em
+
+
+def _deliberate(prev: _TextLine, line: _TextLine, column: tuple[int, int],
+                page: _Metrics) -> bool:
+    """Whether the page breaks `prev` on purpose: the next line's first word would
+    have fitted at its end."""
+    if not line.tokens:
+        return True
+    first = line.tokens[0]
+    need = page.space + (first.box[2] - first.box[0])
+    return prev.right + need < column[1] - 0.3 * page.em
+
+
+# -- Markdown ----------------------------------------------------------------------------
+
+
+def _block_markdown(block: _Block, page: _Metrics) -> str:
+    if block.kind == "table":
+        assert block.table is not None
+        return _table_markdown(block.table)
+    if block.kind == "heading":
+        text = _join([ln for ln in block.lines], block.column, page, hard=False)
+        return "#" * block.level + " " + _heading_text(escape_line(text))
+    if block.kind == "list":
+        return _list_markdown(block, page)
+    return _paragraph_markdown(block.lines, block.column, page, "")
+
+
+def _heading_text(text: str) -> str:
+    # a run of # at the end would be read as the heading's closing sequence
+    return re.sub(r"(?<=\s)#", r"\\#", text)
+
+
+def _join(lines: list[_TextLine], column: tuple[int, int], page: _Metrics,
+          hard: bool = True) -> str:
+    """Lines as one text, joined as prose (hyphenation at line ends resolved); with
+    `hard`, deliberate breaks come back as newlines."""
+    parts: list[str] = []
+    for k, line in enumerate(lines):
+        text = _words(line.tokens)
+        if k:
+            prev = lines[k - 1]
+            if hard and _deliberate(prev, line, column, page):
+                parts.append("\n")
+            elif _hyphenated(parts[-1], text):
+                parts[-1] = parts[-1][:-1]
+            elif parts[-1].endswith(("-", "‐")) and text[:1].isalpha():
+                pass  # a hyphen that belongs to the word: "Anglo-" + "Saxon"
+            elif not cjk.tight(parts[-1], text):
+                parts.append(" ")
+        parts.append(text)
+    return "".join(parts)
+
+
+def _hyphenated(before: str, after: str) -> bool:
+    """A word split at the line end: a letter, a hyphen, and lowercase going on."""
+    return (len(before) >= 3 and before[-1] in "-‐\u00ad¬" and before[-2].isalpha()
+            and after[:1].islower())
+
+
+def _paragraph_markdown(lines: list[_TextLine], column: tuple[int, int],
+                        page: _Metrics, indent: str) -> str:
+    text = _join(lines, column, page)
+    return f"\\\n{indent}".join(escape_line(part) for part in text.split("\n"))
+
+
+def _list_markdown(block: _Block, page: _Metrics) -> str:
+    out: list[str] = []
+    _list_level(block.items, 0, "", block.column, page, out)
+    return "\n".join(out)
+
+
+def _list_level(items: list[_Item], depth: int, indent: str, column: tuple[int, int],
+                page: _Metrics, out: list[str]) -> None:
+    """The items of one depth (and, under each, its deeper items)."""
+    k = 0
+    siblings = [i for i in items if i.depth == depth]
+    numbering = _numbering(siblings)
+    while k < len(items):
+        item = items[k]
+        if item.depth < depth:
+            break
+        if item.depth > depth:  # deeper than expected: read as this depth
+            item.depth = depth
+        n = siblings.index(item)
+        if numbering is not None:
+            start, delim = numbering
+            mark = f"{start + n}{delim} "
+            words = _join(item.lines, column, page)
+        else:
+            mark = "- "
+            words = _join(item.lines, column, page)
+            if item.marker.kind in ("number", "letter", "roman"):
+                words = f"{item.marker.text} {words}"
+        inner = indent + " " * len(mark)
+        body = f"\\\n{inner}".join(escape_line(p) for p in words.split("\n"))
+        out.append(f"{indent}{mark}{body}")
+        k += 1
+        children = []
+        while k < len(items) and items[k].depth > depth:
+            children.append(items[k])
+            k += 1
+        if children:
+            first = min(c.depth for c in children)
+            numbered = _numbering([c for c in children if c.depth == first])
+            if numbered is not None and numbered[0] != 1:
+                out.append("")  # only a list numbered from 1 may interrupt a paragraph
+            _list_level(children, first, inner, column, page, out)
+
+
+def _numbering(items: list[_Item]) -> tuple[int, str] | None:
+    """(first number, delimiter) when the items are numbered 1, 2, 3 … (some numbers
+    may not have been read); None for bullets, letters or numbers out of order."""
+    starts = set()
+    delim = "."
+    seen = False
+    for n, item in enumerate(items):
+        m = item.marker
+        if m.kind == "number":
+            starts.add(m.value - n)
+            delim = m.delim
+            seen = True
+        elif m.kind != "lost":
+            return None
+    if not seen or len(starts) != 1:
+        return None
+    start = starts.pop()
+    return (start, delim) if start >= 0 else None
+
+
+def _table_markdown(table: Table) -> str:
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(escape_line(c) for c in cells) + " |"
+
+    rule = "| " + " | ".join("---:" if r else "---" for r in table.right_aligned) + " |"
+    return "\n".join([row(table.cells[0]), rule, *(row(r) for r in table.cells[1:])])
