@@ -103,7 +103,7 @@ def ours(read: Read, image: Any) -> tuple[str, float]:
     t0 = time.thread_time()
     reading = tesseract_tsv.read(read.tsv, read.text)
     markdown = page_structure.to_markdown(
-        reading, lambda box, least: modes.dark_box(image, box, least))
+        reading, lambda box: modes.dark_box(image, box))
     tesseract_tsv.layer_words(reading)
     return markdown, time.thread_time() - t0
 

@@ -104,9 +104,9 @@ _DARK = [255 if v < 128 else 0 for v in range(256)]
 
 
 def dark_box(image: Image.Image, box: tuple[int, int, int, int],
-             min_pixels: int = 1) -> tuple[int, int, int, int] | None:
-    """Where the dark pixels inside `box` of the image lie (page coordinates), or None
-    when there are fewer than `min_pixels` of them."""
+             ) -> tuple[tuple[int, int, int, int], int] | None:
+    """Where the dark pixels inside `box` of the image lie (page coordinates) and how
+    many there are; None without any."""
     left, top, right, bottom = box
     left, top = max(0, left), max(0, top)
     right, bottom = min(image.width, right), min(image.height, bottom)
@@ -115,12 +115,11 @@ def dark_box(image: Image.Image, box: tuple[int, int, int, int],
     crop = image.crop((left, top, right, bottom))
     crop = crop if crop.mode == "L" else crop.convert("L")
     dark = crop.point(_DARK)
-    if dark.histogram()[255] < min_pixels:
-        return None
     found = dark.getbbox()
     if found is None:
         return None
-    return left + found[0], top + found[1], left + found[2], top + found[3]
+    return ((left + found[0], top + found[1], left + found[2], top + found[3]),
+            dark.histogram()[255])
 
 
 def band_image(mode: str, width: int, height: int, data: bytes | bytearray,

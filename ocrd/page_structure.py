@@ -18,9 +18,9 @@ from . import cjk
 from .markdown import escape_line
 
 Box = tuple[int, int, int, int]  # left, top, right, bottom: pixels of the page image
-# Where the page image has dark pixels within a box (at least so many of them): the box
-# around them, or None. It shows list markers that the engine did not read as words.
-Ink = Callable[[Box, int], "Box | None"]
+# Where the page image has dark pixels within a box: the box around them and how many
+# there are (None without any). It shows list markers the engine did not read as words.
+Ink = Callable[[Box], "tuple[Box, int] | None"]
 
 # -- what the engine hands over -----------------------------------------------------------
 
@@ -62,7 +62,7 @@ class Reading:
 CELL_GAP = 1.0  # a gap this wide inside a line parts table cells (or columns)
 GUTTER = 1.0  # a clear strip this wide between regions parts columns of text
 HEADING = 1.25  # a line this much larger than body text is a heading
-TITLE = 1.65  # ... and this much larger, the page's title (#)
+TITLE = 1.7  # ... and this much larger, the page's title (#) when all have one size
 MAX_HEADING_WORDS = 14
 TABLE_ROW_GAP = 1.2  # rows of a table follow each other at most this far apart
 PARAGRAPH_GAP = 0.9  # more space than this above a line starts a new paragraph
@@ -73,7 +73,7 @@ BULLETS = frozenset("•·●○◦▪■□‣⁃∙◆◇►▸➢➤✓✔-�
 _BULLET_READINGS = frozenset({"e", "o", "°", "«", "»", "¢", "©", "®", "*", "»", "+", "«",
                               "e»", "©)", "eo", "oe", ".", "·"})
 _JUNK = r"[.,:;'’`]?"  # a speck read after the marker
-_NUMBER = re.compile(r"(\(?(\d{1,3})([.)]))" + _JUNK)
+_NUMBER = re.compile(r"(\(?(\d{1,3})([.):]))" + _JUNK)
 _LETTER = re.compile(r"(\(?([a-zA-Z])([.)]))" + _JUNK)
 _ROMAN = re.compile(r"(\(?((?:x{0,3})(?:ix|iv|v?i{0,3}))([.)]))" + _JUNK, re.IGNORECASE)
 _TALL_MARKS = frozenset("()[]{}|/\\$@")  # reach above capitals and below the baseline
@@ -131,10 +131,12 @@ def _top(c: str) -> float:
 
 
 def _line_em(line: Line) -> float:
-    sizes = [s for t in line.tokens if (s := _token_em(t))]
+    """The line's font size: a low quartile of its words' sizes (dirt read into a word
+    only makes its box taller)."""
+    sizes = sorted(s for t in line.tokens if (s := _token_em(t)))
     if not sizes:
         return float(max(t.box[3] - t.box[1] for t in line.tokens))
-    return statistics.median(sizes)
+    return sizes[len(sizes) // 4]
 
 
 @dataclass
@@ -640,21 +642,33 @@ class _Builder:
                 self._add(prev, line, region.column)
                 prev = line
         self._lost_first_items()
+        self._single_unread_items()
+        _heading_levels(self.blocks, self.page)
         return [md for b in self.blocks if (md := _block_markdown(b, self.page))]
+
+    def _single_unread_items(self) -> None:
+        """A "list" of one item whose marker was not read is a paragraph after a mark
+        of dirt."""
+        for k, block in enumerate(self.blocks):
+            if block.kind == "list" and len(block.items) == 1 and \
+                    block.items[0].marker.kind == "lost":
+                self.blocks[k] = _Block("paragraph", block.items[0].lines,
+                                        column=block.column)
 
     # -- reading one line ------------------------------------------------------------
 
     def _text_line(self, region: _Region, k: int, i: int) -> _TextLine:
         line = self._lines[i]
-        tokens = [t for t in line.tokens if not _speck(t, self.page) or t is line.tokens[0]]
-        box = _union(t.box for t in tokens)
-        tl = _TextLine(tokens, line, k, box[0], box[2], box[1], box[3], _line_em(line))
-        tl.marker = _marker(tokens, self.page)
-        if tl.marker is not None:
-            tl.tokens = tokens[1:]
-        elif _speck(tokens[0], self.page) and len(tokens) > 1:
-            tl.tokens = tokens[1:]
-            tl.left = tl.tokens[0].box[0]
+        tokens = list(line.tokens)
+        marker = _marker(tokens, self.page)
+        while marker is None and len(tokens) > 1 and _speck(tokens[0], self.page):
+            tokens = tokens[1:]  # dirt before the line
+            marker = _marker(tokens, self.page)
+        words = tokens[1:] if marker is not None else tokens
+        words = [t for t in words if not _speck(t, self.page)] or words
+        box = _union(t.box for t in words)
+        tl = _TextLine(words, line, k, box[0], box[2], box[1], box[3], _line_em(line),
+                       marker)
         if tl.marker is None:
             tl.marker = self._unread_marker(tl, region.column)
         if tl.marker is None and self._heading_sized(line):
@@ -670,17 +684,22 @@ class _Builder:
         if self._ink is None or zone[2] - zone[0] < 0.5 * em:
             return None
         for other in self._lines:
+            if _noise(other):
+                continue  # dirt, or the marker itself read as nothing sensible
             for t in other.tokens:
                 if t.box[0] < zone[2] and zone[0] < t.box[2] and t.box[1] < zone[3] \
                         and zone[1] < t.box[3]:
                     return None
-        found = self._ink(zone, max(2, round((0.1 * em) ** 2)))
-        if found is None:
+        dark = self._ink(zone)
+        if dark is None:
             return None
+        found, count = dark
         w, h = found[2] - found[0], found[3] - found[1]
         middle = (found[1] + found[3]) / 2
-        if not (line.top <= middle <= line.bottom and 0.1 * em <= max(w, h) <= 2.5 * em
-                and h <= 1.0 * em):
+        # a bullet or a number's glyphs: solid, a fifth of an em or more; not dust
+        if not (line.top <= middle <= line.bottom and 0.2 * em <= max(w, h) <= 2.5 * em
+                and h <= 1.0 * em and count >= (0.15 * em) ** 2
+                and count >= 0.15 * max(1, w * h)):
             return None
         return _Marker("lost", "", 0, "", found[0], line.left)
 
@@ -690,7 +709,7 @@ class _Builder:
         if not 0 < len(sizes) <= MAX_HEADING_WORDS:
             return False
         em = self.page.em
-        if statistics.median(sizes) < HEADING * em or min(sizes) < 1.1 * em:
+        if _line_em(line) < HEADING * em:
             return False
         return all(_line_em(other) >= HEADING * em for other in self._lines
                    if (other.block, other.par) == (line.block, line.par))
@@ -765,8 +784,6 @@ class _Builder:
             if abs(line.left - it.marker.text_left) <= tol and it.marker.kind != "lost" \
                     and it.marker.left < line.left - tol:
                 return it.depth
-            if abs(line.left - it.marker.text_left) <= tol and it.marker.kind == "lost":
-                return it.depth
         return None
 
     def _same_paragraph(self, prev: _TextLine, line: _TextLine,
@@ -809,6 +826,26 @@ class _Builder:
             del self.blocks[k - 1]
 
 
+def _heading_levels(blocks: list[_Block], page: _Metrics) -> None:
+    """Heading levels by size among the page's headings: the largest are `#`, the next
+    `##`, smaller ones `###`; a page whose headings all have one size gets `#` only for
+    a size that is the page's title."""
+    heads = [b for b in blocks if b.kind == "heading"]
+    sizes = sorted({round(statistics.median(ln.em for ln in b.lines)) for b in heads},
+                   reverse=True)
+    tiers: list[float] = []
+    for size in sizes:
+        if not tiers or size < 0.88 * tiers[-1]:
+            tiers.append(size)
+    for b in heads:
+        size = statistics.median(ln.em for ln in b.lines)
+        tier = next((k for k, top in enumerate(tiers) if size >= 0.88 * top), len(tiers) - 1)
+        if len(tiers) == 1:
+            b.level = 1 if size >= TITLE * page.em else 2
+        else:
+            b.level = min(tier + 1, 3)
+
+
 def _speck(t: Token, page: _Metrics) -> bool:
     """Dust read as a mark: no letter or digit, smaller than lowercase letters."""
     return not _ALNUM.search(t.text) and (t.box[3] - t.box[1]) < 0.4 * page.em \
@@ -823,9 +860,10 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
     text = first.text
     gap = second.box[0] - first.box[2]
     left, text_left = first.box[0], second.box[0]
-    if not _ALNUM.search(second.text) and not second.text.startswith(("(", "\"", "'")):
+    if not _ALNUM.search(second.text) and not second.text.startswith(tuple("(\"'‘’“”«")):
         return None
-    if text in BULLETS and gap > 0:
+    w, h = first.box[2] - first.box[0], first.box[3] - first.box[1]
+    if text in BULLETS and gap > 0 and max(w, h) >= (0.25 if text in "-–—" else 0.15) * page.em:
         return _Marker("bullet", "", 0, "", left, text_left)
     if m := _NUMBER.fullmatch(text):
         return _Marker("number", m[1], int(m[2]), m[3], left, text_left)
@@ -973,7 +1011,7 @@ def _numbering(items: list[_Item]) -> tuple[int, str] | None:
         m = item.marker
         if m.kind == "number":
             starts.add(m.value - n)
-            delim = m.delim
+            delim = m.delim if m.delim in ".)" else "."
             seen = True
         elif m.kind != "lost":
             return None

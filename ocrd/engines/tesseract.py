@@ -173,18 +173,20 @@ def _ink(page: PageRequest, turned: Image.Image | None) -> page_structure.Ink:
     image = turned if turned is not None else page.image
     if image is not None or page.rendered is None:
         assert image is not None
-        return lambda box, least: modes.dark_box(image, box, least)
+        return lambda box: modes.dark_box(image, box)
     rendered = page.rendered
 
-    def ink(box: tuple[int, int, int, int], least: int) -> tuple[int, int, int, int] | None:
+    def ink(box: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int] | None:
         top = max(0, box[1])
         band = modes.band_image(rendered.mode, rendered.width, rendered.height,
                                 rendered.data, top, box[3])
         if band.height == 0:
             return None
-        found = modes.dark_box(band, (box[0], 0, box[2], band.height), least)
-        return None if found is None else (found[0], found[1] + top, found[2],
-                                           found[3] + top)
+        dark = modes.dark_box(band, (box[0], 0, box[2], band.height))
+        if dark is None:
+            return None
+        (left, y0, right, y1), count = dark
+        return (left, y0 + top, right, y1 + top), count
     return ink
 
 
