@@ -65,7 +65,7 @@ HEADING = 1.25  # a line this much larger than body text is a heading
 TITLE = 1.7  # ... and this much larger, the page's title (#) when all have one size
 MAX_HEADING_WORDS = 14
 TABLE_ROW_GAP = 1.2  # rows of a table follow each other at most this far apart
-PARAGRAPH_GAP = 0.9  # more space than this above a line starts a new paragraph
+PARAGRAPH_GAP = 0.45  # this much more space than between lines starts a paragraph
 ALIGN = 0.6  # lines start "at the same place" within this
 
 BULLETS = frozenset("•·●○◦▪■□‣⁃∙◆◇►▸➢➤✓✔-–—*+")
@@ -259,25 +259,40 @@ class Table:
 
 
 def _segments(lines: list[Line], rules: list[_Rule], page: _Metrics) -> list[_Segment]:
-    """Each line cut at gaps wide enough to part cells, and where it crosses a vertical
-    rule."""
+    """Each line cut at gaps wide enough to part cells, where it crosses a vertical rule
+    and at a rule read as `|`; dirt left out."""
     verticals = [r for r in rules if r.vertical]
     out = []
     for i, line in enumerate(lines):
-        tokens = [t for t in line.tokens if not _on_rule(t, verticals, page)]
-        if not tokens:
-            continue
-        cur = [tokens[0]]
-        for prev, tok in zip(tokens, tokens[1:], strict=False):
-            gap = tok.box[0] - prev.box[2]
-            ruled = any(prev.box[2] <= r.x <= tok.box[0] and _spans(r, tok.box)
-                        for r in verticals)
-            if gap >= CELL_GAP * page.em or ruled:
+        cur: list[Token] = []
+        last: Token | None = None
+        for tok in line.tokens:
+            if _dirt(tok, page):
+                continue
+            if tok.text.strip("|") == "" or _on_rule(tok, verticals, page):
+                if cur:
+                    out.append(_Segment(cur, i))
+                cur, last = [], None
+                continue
+            if last is not None and (tok.box[0] - last.box[2] >= CELL_GAP * page.em or any(
+                    last.box[2] <= r.x <= tok.box[0] and _spans(r, tok.box)
+                    for r in verticals)):
                 out.append(_Segment(cur, i))
                 cur = []
             cur.append(tok)
-        out.append(_Segment(cur, i))
+            last = tok
+        if cur:
+            out.append(_Segment(cur, i))
     return out
+
+
+def _dirt(t: Token, page: _Metrics) -> bool:
+    """A mark without letters or digits read with little confidence, or too small to be
+    a dash: a speck on the page."""
+    if _ALNUM.search(t.text):
+        return False
+    w, h = t.box[2] - t.box[0], t.box[3] - t.box[1]
+    return 0 <= t.conf < 60 or max(w, h) < 0.2 * page.em
 
 
 def _spans(rule: _Rule, box: Box) -> bool:
@@ -601,6 +616,13 @@ class _TextLine:
     em: float
     marker: _Marker | None = None
     heading: int = 0  # 1 or 2 for a heading line
+    column: tuple[int, int] = (0, 0)
+
+    @property
+    def base(self) -> float:
+        """The baseline: where most words stand (dirt above or below moves a box's
+        top or bottom, not this)."""
+        return _baseline(self.tokens)
 
 
 @dataclass
@@ -668,7 +690,7 @@ class _Builder:
         words = [t for t in words if not _speck(t, self.page)] or words
         box = _union(t.box for t in words)
         tl = _TextLine(words, line, k, box[0], box[2], box[1], box[3], _line_em(line),
-                       marker)
+                       marker, column=region.column)
         if tl.marker is None:
             tl.marker = self._unread_marker(tl, region.column)
         if tl.marker is None and self._heading_sized(line):
@@ -788,13 +810,18 @@ class _Builder:
 
     def _same_paragraph(self, prev: _TextLine, line: _TextLine,
                         column: tuple[int, int]) -> bool:
-        if prev.region != line.region:
+        em = self.page.em
+        if prev.region != line.region and prev.column != line.column:
             return False
-        if line.top - prev.bottom > PARAGRAPH_GAP * self.page.em:
-            return False
+        step = line.base - prev.base
+        if step <= 0 or step > self.page.pitch + PARAGRAPH_GAP * em:
+            return False  # space above the line: a new paragraph
         indent = line.left - prev.left
-        if prev.line.par != line.line.par:
-            return False  # tesseract starts a paragraph here
+        if prev.region != line.region or prev.line.par != line.line.par:
+            # tesseract starts a paragraph (or a block) here; but the text runs on when
+            # the line before is full and this one neither indented nor set apart
+            return abs(indent) < ALIGN * em and not _deliberate(prev, line, column,
+                                                                 self.page)
         if indent > 1.2 * self.page.em and _deliberate(prev, line, column, self.page):
             return False  # a first-line indent after a short line
         return True
@@ -824,6 +851,12 @@ class _Builder:
                     items.append(_Item(first.depth, lost, [ln]))
             block.items[:0] = items
             del self.blocks[k - 1]
+
+
+def _baseline(tokens: list[Token]) -> float:
+    bottoms = [t.box[3] for t in tokens if _ALNUM.search(t.text)
+               and not any(c in _DESCENDERS for c in t.text)]
+    return statistics.median(bottoms or [t.box[3] for t in tokens])
 
 
 def _heading_levels(blocks: list[_Block], page: _Metrics) -> None:
@@ -884,11 +917,9 @@ def _bullet_shaped(mark: Token, words: list[Token], page: _Metrics) -> bool:
     if not (0.15 * page.em <= min(w, h) and max(w, h) <= 0.6 * page.em and
             max(w, h) <= 2.2 * min(w, h)):
         return False
-    bottoms = [t.box[3] for t in words if _ALNUM.search(t.text)
-               and not any(c in _DESCENDERS for c in t.text)]
-    if not bottoms:
+    if not any(_ALNUM.search(t.text) for t in words):
         return False
-    baseline = statistics.median(bottoms)
+    baseline = _baseline(words)
     middle = (mark.box[1] + mark.box[3]) / 2
     return baseline - 0.55 * page.em <= middle <= baseline - 0.05 * page.em
 
