@@ -525,7 +525,7 @@ def _order(regions: list[_Region], page: _Metrics, out: list[_Region],
         for part in columns:
             _order(part, page, out, (min(r.box[0] for r in part), max(r.box[2] for r in part)))
         return
-    bands = _split(regions, 1, 0)
+    bands = _split(regions, 1, -0.25 * page.em)  # dirt can make boxes touch
     if len(bands) == 1:
         out.extend(_with_column(sorted(regions, key=lambda r: (r.box[1], r.box[0])),
                                 column))
@@ -562,33 +562,19 @@ def _split(regions: list[_Region], axis: int, min_gap: float) -> list[list[_Regi
     return parts
 
 
-def _gutters(band: list[_Region], page: _Metrics) -> list[tuple[int, int]]:
-    parts = _split(band, 0, GUTTER * page.em)
-    return [(max(r.box[2] for r in a), min(r.box[0] for r in b))
-            for a, b in zip(parts, parts[1:], strict=False)]
-
-
 def _merge_bands(bands: list[list[_Region]], page: _Metrics) -> list[list[_Region]]:
-    """Neighbouring bands joined where a gutter of one runs clear through the other, so
-    that columns whose paragraphs happen to end on the same height stay columns."""
+    """Neighbouring bands joined while a gutter still runs through both, so that
+    columns whose paragraphs happen to end on the same height stay columns."""
     groups = [list(bands[0])]
     for band in bands[1:]:
-        prev = groups[-1]
-        if _shares_gutter(prev, band, page):
-            prev.extend(band)
-        else:
-            groups.append(list(band))
-    return groups
-
-
-def _shares_gutter(a: list[_Region], b: list[_Region], page: _Metrics) -> bool:
-    for top, other in ((a, b), (b, a)):
-        for left, right in _gutters(top, page):
-            if right - left <= GUTTER * page.em:
+        both = groups[-1] + band
+        if len(_split(groups[-1], 0, GUTTER * page.em)) > 1 or \
+                len(_split(band, 0, GUTTER * page.em)) > 1:
+            if len(_split(both, 0, GUTTER * page.em)) > 1:
+                groups[-1] = both
                 continue
-            if all(r.box[2] <= left or r.box[0] >= right for r in other):
-                return True
-    return False
+        groups.append(list(band))
+    return groups
 
 
 # -- lines into blocks -------------------------------------------------------------------

@@ -224,8 +224,18 @@ def _list(rng: random.Random, style: str, n: int, nested: bool) -> ListBlock:
 
 
 def make_page(kind: str, seed: int) -> Page:
-    """One page of the given kind, different per seed."""
-    rng = random.Random(f"{kind}-{seed}")
+    """One page of the given kind, different per seed (drawn again with other words
+    until it fits on the page)."""
+    for attempt in range(20):
+        page = _page(kind, seed, random.Random(f"{kind}-{seed}-{attempt}" if attempt
+                                               else f"{kind}-{seed}"))
+        if page.pdf:
+            page.name = f"{kind}-{seed}"
+            return page
+    raise ValueError(f"no {kind} page fits")
+
+
+def _page(kind: str, seed: int, rng: random.Random) -> Page:
     font = rng.choice(["Helvetica", "Times-Roman"])
     page = Page(f"{kind}-{seed}", kind, [], font=font, size=rng.choice([10.5, 11.0, 12.0]))
     b = page.blocks
@@ -263,14 +273,18 @@ def make_page(kind: str, seed: int) -> Page:
         page.justify = rng.random() < 0.5
         page.hyphenate = True
         b.append(Heading(short_text(rng, 2, 5), 1))
-        left = [Paragraph(prose(rng, (2, 4))) for _ in range(rng.randint(2, 3))]
-        right = [Paragraph(prose(rng, (2, 4))) for _ in range(rng.randint(2, 3))]
-        if rng.random() < 0.5:
-            right.insert(1, Heading(short_text(rng, 2, 4), 2))
-        b.append(Columns(tuple(left), tuple(right)))
+        for part in range(rng.choice([1, 2])):
+            if part:  # a full-width paragraph between two runs of columns
+                b.append(Paragraph(prose(rng, (2, 2))))
+            n = rng.randint(2, 3) - part
+            left = [Paragraph(prose(rng, (2, 4))) for _ in range(n)]
+            right = [Paragraph(prose(rng, (2, 4))) for _ in range(rng.randint(1, n + 1))]
+            if rng.random() < 0.5:
+                right.insert(1, Heading(short_text(rng, 2, 4), 2))
+            b.append(Columns(tuple(left), tuple(right)))
     else:
         raise ValueError(kind)
-    page.pdf = draw(page)
+    page.pdf = draw(page)  # empty when it does not fit
     return page
 
 
@@ -460,6 +474,8 @@ def draw(page: Page) -> bytes:
             pen.y = min(left.y, right.y)
         else:
             pen.block(block)
+    if pen.y < MARGIN:
+        return b""
     c.showPage()
     c.save()
     return buf.getvalue()
