@@ -59,7 +59,7 @@ class Reading:
 
 # -- tuning (in ems of body text) ---------------------------------------------------------
 
-CELL_GAP = 1.0  # a gap this wide inside a line parts table cells (or columns)
+CELL_GAP = 0.65  # a gap this wide inside a line may part table cells
 GUTTER = 1.0  # a clear strip this wide between regions parts columns of text
 HEADING = 1.25  # a line this much larger than body text is a heading
 TITLE = 1.7  # ... and this much larger, the page's title (#) when all have one size
@@ -69,6 +69,7 @@ PARAGRAPH_GAP = 0.45  # this much more space than between lines starts a paragra
 ALIGN = 0.6  # lines start "at the same place" within this
 
 BULLETS = frozenset("•·●○◦▪■□‣⁃∙◆◇►▸➢➤✓✔-–—*+")
+_ROUND_BULLETS = BULLETS - frozenset("-–—*+")  # never anything but a bullet
 # what tesseract makes of a small round bullet
 _BULLET_READINGS = frozenset({"e", "o", "°", "«", "»", "¢", "©", "®", "*", "»", "+", "«",
                               "e»", "©)", "eo", "oe", ".", "·"})
@@ -94,6 +95,7 @@ def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
     tables, used = _tables(lines, rows, page)
     regions = _regions(lines, used, tables, page)
     ordered = _reading_order(regions, page)
+    _column_edges(ordered, lines)
     return "\n\n".join(_Builder(page, lines, ink).build(ordered))
 
 
@@ -173,9 +175,9 @@ class _Rule:
     @classmethod
     def of(cls, box: Box, em: float) -> _Rule | None:
         w, h = box[2] - box[0], box[3] - box[1]
-        if h <= 0.3 * em and w >= 2 * em:
+        if h <= 0.5 * em and w >= max(2 * em, 4 * h):
             return cls(box, False)
-        if w <= 0.3 * em and h >= 1.2 * em:
+        if w <= 0.5 * em and h >= max(1.2 * em, 4 * w):
             return cls(box, True)
         return None
 
@@ -258,18 +260,21 @@ class Table:
     right_aligned: list[bool]
 
 
-def _segments(lines: list[Line], rules: list[_Rule], page: _Metrics) -> list[_Segment]:
+def _segments(lines: list[Line], rules: list[_Rule], page: _Metrics, skip: set[int],
+              bars: bool) -> list[_Segment]:
     """Each line cut at gaps wide enough to part cells, where it crosses a vertical rule
-    and at a rule read as `|`; dirt left out."""
+    (and with `bars`, at a `|`); dirt left out."""
     verticals = [r for r in rules if r.vertical]
     out = []
     for i, line in enumerate(lines):
+        if i in skip:
+            continue
         cur: list[Token] = []
         last: Token | None = None
         for tok in line.tokens:
             if _dirt(tok, page):
                 continue
-            if tok.text.strip("|") == "" or _on_rule(tok, verticals, page):
+            if bars and tok.text.strip("|") == "" or _on_rule(tok, verticals, page):
                 if cur:
                     out.append(_Segment(cur, i))
                 cur, last = [], None
@@ -327,8 +332,17 @@ def _rows(segments: list[_Segment]) -> list[_Row]:
 
 def _tables(lines: list[Line], rules: list[_Rule], page: _Metrics,
             ) -> tuple[list[Table], set[int]]:
-    """The page's tables and the lines they took."""
-    rows = _rows(_segments(lines, rules, page))
+    """The page's tables and the lines they took; a `|` is a character of a cell, unless
+    only as a ruling line does it make a table of rows (a rule that tesseract read as
+    a character, between cells too close for their gap alone)."""
+    tables, used = _find_tables(lines, rules, page, set(), bars=False)
+    more, taken = _find_tables(lines, rules, page, used, bars=True)
+    return tables + more, used | taken
+
+
+def _find_tables(lines: list[Line], rules: list[_Rule], page: _Metrics, skip: set[int],
+                 bars: bool) -> tuple[list[Table], set[int]]:
+    rows = _rows(_segments(lines, rules, page, skip, bars))
     tables: list[Table] = []
     used: set[int] = set()
     i = 0
@@ -337,7 +351,7 @@ def _tables(lines: list[Line], rules: list[_Rule], page: _Metrics,
             i += 1
             continue
         j = i
-        while j + 1 < len(rows) and _continues(rows[j], rows[j + 1], page):
+        while j + 1 < len(rows) and _continues(rows[i:j + 1], rows[j + 1], rules, page):
             j += 1
         found = _grid(rows[i:j + 1], lines, rules, page)
         if found is None:
@@ -350,11 +364,26 @@ def _tables(lines: list[Line], rules: list[_Rule], page: _Metrics,
     return tables, used
 
 
-def _continues(row: _Row, nxt: _Row, page: _Metrics) -> bool:
+def _continues(run: list[_Row], nxt: _Row, rules: list[_Rule], page: _Metrics) -> bool:
+    """Whether the next row goes on with the run: two cells or more, overlapping it,
+    close below it (or further, inside the same ruled grid, or as far as the run's rows
+    are from each other when they are spaced evenly)."""
     if len(nxt.segments) < 2:
         return False
-    a, b = row.box, nxt.box
-    return b[1] - a[3] <= TABLE_ROW_GAP * page.em and a[0] < b[2] and b[0] < a[2]
+    a, b = run[-1].box, nxt.box
+    if not (a[0] < b[2] and b[0] < a[2]):
+        return False
+    gap = b[1] - a[3]
+    if gap <= TABLE_ROW_GAP * page.em:
+        return True
+    grid = [r for r in rules if r.vertical and r.box[1] <= a[1] and b[3] <= r.box[3]
+            and min(a[0], b[0]) - page.em <= r.x <= max(a[2], b[2]) + page.em]
+    if len(grid) >= 2 and gap <= 3 * page.em:
+        return True
+    steps = [r.box[1] for r in run] + [b[1]]
+    pitches = [y1 - y0 for y0, y1 in zip(steps, steps[1:], strict=False)]
+    return len(pitches) >= 2 and gap <= 2.5 * page.em and \
+        max(pitches) <= 1.25 * min(pitches)
 
 
 def _grid(rows: list[_Row], lines: list[Line], rules: list[_Rule], page: _Metrics,
@@ -483,7 +512,7 @@ def _regions(lines: list[Line], used: set[int], tables: list[Table],
     out: list[_Region] = []
     by_block: dict[int, list[int]] = {}
     for i, line in enumerate(lines):
-        if i not in used and not _noise(line):
+        if i not in used and not _noise(line, page):
             by_block.setdefault(line.block, []).append(i)
     for idxs in by_block.values():
         run: list[int] = []
@@ -499,9 +528,11 @@ def _regions(lines: list[Line], used: set[int], tables: list[Table],
     return out
 
 
-def _noise(line: Line) -> bool:
-    """A line of specks: no letter or digit read with any confidence."""
-    return not any(_ALNUM.search(t.text) and t.conf >= 30 for t in line.tokens)
+def _noise(line: Line, page: _Metrics) -> bool:
+    """A line of specks: no letter or digit read with any confidence, and no mark read
+    with confidence either."""
+    return not any(t.conf >= 30 if _ALNUM.search(t.text) else not _dirt(t, page)
+                   for t in line.tokens)
 
 
 def _reading_order(regions: list[_Region], page: _Metrics) -> list[_Region]:
@@ -513,6 +544,19 @@ def _reading_order(regions: list[_Region], page: _Metrics) -> list[_Region]:
         _order(regions, page, out, (min(r.box[0] for r in regions),
                                     max(r.box[2] for r in regions)))
     return out
+
+
+def _column_edges(regions: list[_Region], lines: list[Line]) -> None:
+    """Each column's right edge where its lines of text end: the longest lines, not a
+    heading or a table that reaches further."""
+    rights: dict[tuple[int, int], list[int]] = {}
+    for r in regions:
+        if r.table is None:
+            rights.setdefault(r.column, []).extend(lines[i].box[2] for i in r.lines)
+    for r in regions:
+        ends = sorted(rights.get(r.column, []))
+        if ends:
+            r.column = (r.column[0], ends[(len(ends) * 9) // 10])
 
 
 def _order(regions: list[_Region], page: _Metrics, out: list[_Region],
@@ -668,19 +712,20 @@ class _Builder:
     def _text_line(self, region: _Region, k: int, i: int) -> _TextLine:
         line = self._lines[i]
         tokens = list(line.tokens)
-        marker = _marker(tokens, self.page)
+        heading = self._heading_sized(line)  # "1. Introduction" in large type: a heading
+        marker = None if heading else _marker(tokens, self.page)
         while marker is None and len(tokens) > 1 and _speck(tokens[0], self.page):
             tokens = tokens[1:]  # dirt before the line
-            marker = _marker(tokens, self.page)
+            marker = None if heading else _marker(tokens, self.page)
         words = tokens[1:] if marker is not None else tokens
         words = [t for t in words if not _speck(t, self.page)] or words
         box = _union(t.box for t in words)
         tl = _TextLine(words, line, k, box[0], box[2], box[1], box[3], _line_em(line),
                        marker, column=region.column)
-        if tl.marker is None:
-            tl.marker = self._unread_marker(tl, region.column)
-        if tl.marker is None and self._heading_sized(line):
+        if heading:
             tl.heading = 1 if tl.em >= TITLE * self.page.em else 2
+        elif tl.marker is None:
+            tl.marker = self._unread_marker(tl, region.column)
         return tl
 
     def _unread_marker(self, line: _TextLine, column: tuple[int, int]) -> _Marker | None:
@@ -692,7 +737,7 @@ class _Builder:
         if self._ink is None or zone[2] - zone[0] < 0.5 * em:
             return None
         for other in self._lines:
-            if _noise(other):
+            if _noise(other, self.page):
                 continue  # dirt, or the marker itself read as nothing sensible
             for t in other.tokens:
                 if t.box[0] < zone[2] and zone[0] < t.box[2] and t.box[1] < zone[3] \
@@ -879,9 +924,11 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
     text = first.text
     gap = second.box[0] - first.box[2]
     left, text_left = first.box[0], second.box[0]
+    w, h = first.box[2] - first.box[0], first.box[3] - first.box[1]
+    if text in _ROUND_BULLETS and gap > 0 and max(w, h) >= 0.15 * page.em:
+        return _Marker("bullet", "", 0, "", left, text_left)
     if not _ALNUM.search(second.text) and not second.text.startswith(tuple("(\"'‘’“”«")):
         return None
-    w, h = first.box[2] - first.box[0], first.box[3] - first.box[1]
     if text in BULLETS and gap > 0 and max(w, h) >= (0.25 if text in "-–—" else 0.15) * page.em:
         return _Marker("bullet", "", 0, "", left, text_left)
     if m := _NUMBER.fullmatch(text):

@@ -1,0 +1,317 @@
+"""The Markdown's structure on the CPU engine: paragraphs, lists, tables, headings and
+columns from tesseract's layout, and the page's words shown exactly as they were read.
+
+Most tests run the real engine (tesseract) on pages drawn here with a known structure
+(tests/structure_pages.py) and read the Markdown back as the console renders it
+(ocrd/web/render.py); the rest build a page's words by hand for the cases a drawing
+cannot pin down (one escaping rule for every character, the geometry's edge cases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections.abc import Iterator
+
+import pytest
+from markdown_it import MarkdownIt
+from structure_pages import (
+    Lines,
+    ListBlock,
+    Paragraph,
+    Shown,
+    Table,
+    make_page,
+    render,
+    shown,
+    truth_blocks,
+)
+
+from ocrd import page_structure
+from ocrd.config import EngineConfig
+from ocrd.engines.base import PageRequest
+from ocrd.engines.tesseract import TesseractEngine
+from ocrd.markdown import escape_line, text_to_markdown
+from ocrd.page_structure import Line, Reading, Token
+
+# -- the page's words, built by hand -------------------------------------------------------
+
+EM = 40  # pixels of body text
+
+
+def _height(word: str, em: float) -> int:
+    up = any(c.isupper() or c.isdigit() or c in "bdfhkltij" for c in word)
+    down = any(c in "gjpqy" for c in word)
+    return round(em * ((0.7 if up else 0.5) + (0.21 if down else 0.0)))
+
+
+def words_line(text: str, x: int, y: int, em: float = EM, block: int = 1, par: int = 1,
+               gap: float = 0.3) -> Line:
+    """A line of words from x on the baseline y, each about as wide as its letters."""
+    tokens = []
+    for word in text.split():
+        width = max(1, round(len(word) * em * 0.5))
+        tokens.append(Token(word, (x, round(y - _height(word, em)), x + width, y), 95.0))
+        x += width + round(em * gap)
+    return Line(tokens, block, par)
+
+
+def paragraph_lines(lines: list[str], x: int, y: int, block: int, em: float = EM,
+                    ) -> list[Line]:
+    return [words_line(t, x, y + round(k * 1.3 * em), em, block) for k, t in enumerate(lines)]
+
+
+def wrap(text: str, chars: int) -> list[str]:
+    """Text broken into lines as a typesetter would: a word goes to the next line only
+    when it does not fit (words_line makes a letter half an em wide, a space 0.3)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def md_of(lines: list[Line]) -> str:
+    return page_structure.to_markdown(Reading(lines))
+
+
+BODY = wrap("Body text runs across the page in lines of ordinary words that fill the "
+            "column from its left edge to its right one and on and on to the end of the "
+            "paragraph, as body text does on every page of an ordinary letter or report "
+            "that somebody scanned.", 110)
+
+
+# -- one escaping rule -------------------------------------------------------------------
+
+HOSTILE = [
+    "*emphasis* and **strong** and ***both***", "_under_ and __double__ snake_case_name",
+    "[a link](https://example.org) and ![an image](x.png) [ref][1]",
+    "<b>bold</b> <script>alert(1)</script> <img src=x onerror=y> <!-- note -->",
+    "<https://auto.example> <mail@example.org>", "&amp; &lt;b&gt; &#65; &copy; AT&T; R&D",
+    "`code` and ``two ticks`` and ```fence", "~~struck~~ and ~one~ ~~~",
+    "$x^2$ costs $$5$$ and $3.50", "a | b | c", "back\\slash \\* \\_ ends with \\",
+    "# not a heading", "#hashtag", "## two", "1. not a list", "2) nor this", "2024. A year",
+    "- dash", "+ plus", "* star", "> quote", "=== ", "---", "- - -", "___", "***",
+    "Title #", "trailing ##", "[^1] footnote", "www.example.com http://x.y", "=~*_`|",
+    "<div>", "</p>", "<?php", "<!DOCTYPE html>", ":::", "{curly} (round)", "a\\", "\\",
+]
+
+
+def inline_tokens(markdown: str) -> Iterator[object]:
+    md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    for tok in md.parse(markdown):
+        yield tok
+        yield from tok.children or []
+
+
+def assert_plain(markdown: str) -> None:
+    """Nothing in the Markdown is read as inline markup or raw HTML."""
+    kinds = {t.type for t in inline_tokens(markdown)}  # type: ignore[attr-defined]
+    markup = kinds & {"em_open", "strong_open", "link_open", "image", "code_inline",
+                      "html_inline", "html_block", "s_open", "code_block", "fence"}
+    assert not markup, (markdown, markup)
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_page_text_renders_as_exactly_that_text_as_a_paragraph(text: str) -> None:
+    """(A line that starts with a list marker is a list item: see the list test.)"""
+    text = f"Text: {text}"
+    md = md_of([words_line(text, 100, 200), *paragraph_lines(BODY, 100, 400, 2)])
+    assert md.endswith(" ".join(BODY))  # the body's lines ran on
+    assert_plain(md)
+    blocks = shown(md)
+    assert blocks[0].kind == "paragraph" and blocks[0].text == " ".join(text.split())
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_page_text_renders_as_exactly_that_text_in_a_heading(text: str) -> None:
+    text = f"Title {text}"
+    md = md_of([words_line(text, 100, 200, em=2 * EM), *paragraph_lines(BODY, 100, 400, 2)])
+    assert_plain(md)
+    blocks = shown(md)
+    assert (blocks[0].kind, blocks[0].text) == ("heading", " ".join(text.split())), md
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_page_text_renders_as_exactly_that_text_in_a_list_item(text: str) -> None:
+    items = [words_line(f"• {t}", 100, 300 + 60 * k, block=2)
+             for k, t in enumerate([text, "second item", "third item"])]
+    md = md_of([*paragraph_lines(BODY, 100, 100, 1), *items])
+    assert_plain(md)
+    got = [b for b in shown(md) if b.kind == "item"]
+    assert [b.text for b in got] == [" ".join(text.split()), "second item", "third item"], md
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_page_text_renders_as_exactly_that_text_in_a_table_cell(text: str) -> None:
+    rows = [("Code", "Text", "Price"), ("AB-1", text, "12.50"), ("CD-22", "plain", "3.10"),
+            ("EF-333", "words", "100.00")]
+    lines = [*paragraph_lines(BODY, 100, 100, 1)]
+    for r, row in enumerate(rows):
+        y = 400 + r * 60
+        cells = [words_line(row[0], 100, y), words_line(row[1], 600, y),
+                 words_line(row[2], 2600, y)]
+        lines.append(Line([t for c in cells for t in c.tokens], 2, 1))
+    md = md_of(lines)
+    assert_plain(md)
+    tables = [b for b in shown(md) if b.kind == "table"]
+    want = [[" ".join(c.split()) for c in row] for row in rows]
+    assert len(tables) == 1 and tables[0].rows == want, md
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_plain_text_renders_as_exactly_that_text(text: str) -> None:
+    md = text_to_markdown(f"Intro\n\n{text}\n\nOutro")
+    assert_plain(md)
+    assert [b.text for b in shown(md)] == ["Intro", " ".join(text.split()), "Outro"]
+
+
+def test_random_text_renders_as_itself() -> None:
+    """Seeded strings of the characters Markdown gives meaning to, in every place."""
+    rng = random.Random(35)
+    alphabet = "*_[]()<>!&#;`~$|\\-+=.:0123456789abAB /"
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))).strip()
+        if not text:
+            continue
+        line = escape_line(text)
+        assert "\n" not in line
+        for md in (line, f"- {line}", f"# {line}", f"| h |\n| --- |\n| {line} |"):
+            assert_plain(md)
+        blocks = shown(f"Intro\n\n{line}\n\nOutro")
+        assert [b.text for b in blocks] == ["Intro", " ".join(text.split()), "Outro"], text
+
+
+# -- the geometry, by hand ---------------------------------------------------------------
+
+
+def test_lines_of_a_paragraph_run_on_and_a_split_word_is_whole_again() -> None:
+    lines = paragraph_lines(["The delivery of the printer paper was confirmed by the ware-",
+                             "house on Monday and the invoice for it follows in the next",
+                             "week by post."], 100, 200, 1)
+    assert md_of(lines) == ("The delivery of the printer paper was confirmed by the "
+                            "warehouse on Monday and the invoice for it follows in the next "
+                            "week by post.")
+
+
+def test_a_hyphen_before_a_capital_stays() -> None:
+    lines = paragraph_lines(["The shipment to the new office in the old town went by Anglo-",
+                             "Saxon habit: slowly and with many forms on paper in the post",
+                             "room."], 100, 200, 1)
+    assert "Anglo-Saxon habit" in md_of(lines)
+
+
+def test_short_lines_keep_their_breaks() -> None:
+    address = paragraph_lines(["Jane Holloway", "12 Harbour Street", "4021 Springfield"],
+                              100, 200, 1)
+    md = md_of([*address, *paragraph_lines(BODY, 100, 500, 2)])
+    assert md.split("\n\n")[0] == "Jane Holloway\\\n12 Harbour Street\\\n4021 Springfield"
+    assert shown(md)[0].text == "Jane Holloway\n12 Harbour Street\n4021 Springfield"
+
+
+def test_columns_of_prose_side_by_side_are_not_a_table() -> None:
+    left = wrap("Prose in the left column goes on for several lines of text that are as "
+                "wide as the column is and end where the column ends.", 32)
+    right = wrap("The right column holds other words in lines of its own that sit beside "
+                 "the left ones on the very same heights, line by line.", 32)
+    lines = [*paragraph_lines(left, 100, 200, 1), *paragraph_lines(right, 1000, 200, 2)]
+    blocks = shown(md_of(lines))
+    assert [b.kind for b in blocks] == ["paragraph", "paragraph"]
+    assert blocks[0].text == " ".join(left) and blocks[1].text == " ".join(right)
+
+
+def test_two_rows_of_words_with_gaps_are_no_table() -> None:
+    """When unsure, the lines stay as they are: two rows are too few for a table
+    without rules."""
+    lines = [words_line("Invoice 2024-117", 100, 200), words_line("Date 2024-03-01", 1500, 200),
+             words_line("Customer 4711", 100, 260), words_line("Page 1", 1500, 260)]
+    lines = [Line(lines[0].tokens + lines[1].tokens, 1, 1),
+             Line(lines[2].tokens + lines[3].tokens, 1, 1)]
+    md = md_of(lines)
+    assert "|" not in md and "Invoice 2024-117 Date 2024-03-01" in md
+
+
+# -- real tesseract on drawn pages -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> TesseractEngine:
+    eng = TesseractEngine(EngineConfig(kind="tesseract"))
+    asyncio.run(eng.start())
+    return eng
+
+
+def read(engine: TesseractEngine, kind: str, seed: int, dpi: int = 300,
+         noisy: bool = False) -> tuple[list[Shown], list[Shown], str]:
+    page = make_page(kind, seed)
+    out = asyncio.run(engine.ocr(PageRequest(image=render(page, dpi, noisy), page_no=1,
+                                             doc_id=page.name, dpi=dpi)))
+    return shown(out.text), truth_blocks(page), out.text
+
+
+def test_paragraphs_hyphenation_and_an_address(engine: TesseractEngine) -> None:
+    page = make_page("prose", 1)
+    assert page.hyphenated and any(isinstance(b, Lines) for b in page.blocks)
+    got, want, md = read(engine, "prose", 1)
+    assert [(b.kind, b.text) for b in got] == [(b.kind, b.text) for b in want], md
+    for word in page.hyphenated:
+        assert word in md
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_lists_bullets_numbers_letters_nested(engine: TesseractEngine, seed: int) -> None:
+    got, want, md = read(engine, "lists", seed)
+    items = [(b.text, b.level, b.ordered) for b in got if b.kind == "item"]
+    assert items == [(b.text, b.level, b.ordered) for b in want if b.kind == "item"], md
+    assert [b.kind for b in got if b.kind != "item"] == ["paragraph"] * 4
+
+
+def test_list_markers_tesseract_did_not_read_are_found_in_the_pixels(
+        engine: TesseractEngine) -> None:
+    """At 200 dpi tesseract reads none of this page's numbers and bullets: the items
+    still come out as items, from the marks beside the lines."""
+    got, want, md = read(engine, "lists", 1, dpi=200)
+    assert [b.text for b in got if b.kind == "item"] == \
+        [b.text for b in want if b.kind == "item"], md
+
+
+@pytest.mark.parametrize(("kind", "seed"), [("table_ruled", 1), ("table_ruled", 2),
+                                            ("table_unruled", 1), ("table_unruled", 2)])
+def test_tables_cell_by_cell(engine: TesseractEngine, kind: str, seed: int) -> None:
+    got, want, md = read(engine, kind, seed)
+    truth = next(b for b in want if b.kind == "table")
+    assert 3 <= len(truth.rows[0]) <= 7
+    tables = [b for b in got if b.kind == "table"]
+    assert len(tables) == 1 and tables[0].rows == truth.rows, md
+    assert [b.kind for b in got] == ["paragraph", "table", "paragraph"]
+
+
+def test_headings_by_size(engine: TesseractEngine) -> None:
+    got, want, md = read(engine, "headings", 1)
+    assert [(b.kind, b.level, b.text) for b in got] == \
+        [(b.kind, b.level, b.text) for b in want], md
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_two_columns_are_read_column_by_column(engine: TesseractEngine, seed: int) -> None:
+    got, want, md = read(engine, "two_column", seed)
+    assert [(b.kind, b.text) for b in got] == [(b.kind, b.text) for b in want], md
+
+
+def test_a_noisy_scan_keeps_its_table(engine: TesseractEngine) -> None:
+    got, want, md = read(engine, "table_unruled", 1, dpi=200, noisy=True)
+    truth = next(b for b in want if b.kind == "table")
+    tables = [b for b in got if b.kind == "table"]
+    assert len(tables) == 1 and len(tables[0].rows) == len(truth.rows)
+    assert [len(r) for r in tables[0].rows] == [len(r) for r in truth.rows], md
+
+
+def test_structure_kinds_cover_the_generated_pages() -> None:
+    """The drawn pages hold what the tests above claim (guards the generator)."""
+    kinds = {type(b) for k in ("prose", "lists", "table_ruled") for b in
+             make_page(k, 1).flat()}
+    assert {Paragraph, ListBlock, Table} <= kinds
+    assert re.search(r"\w", make_page("lists", 2).blocks[0].text)  # type: ignore[union-attr]
