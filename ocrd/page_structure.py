@@ -749,10 +749,10 @@ class _Builder:
         found, count = dark
         w, h = found[2] - found[0], found[3] - found[1]
         middle = (found[1] + found[3]) / 2
-        # a bullet or a number's glyphs: solid, a fifth of an em or more; not dust
+        # a bullet, a dash or a number's glyphs: solid, a fifth of an em or more; not dust
+        solid = count >= (0.15 * em) ** 2 or (w >= 0.3 * em and count >= 0.7 * w * h)
         if not (line.top <= middle <= line.bottom and 0.2 * em <= max(w, h) <= 2.5 * em
-                and h <= 1.0 * em and count >= (0.15 * em) ** 2
-                and count >= 0.15 * max(1, w * h)):
+                and h <= 1.0 * em and solid and count >= 0.15 * max(1, w * h)):
             return None
         return _Marker("lost", "", 0, "", found[0], line.left)
 
@@ -929,7 +929,7 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
         return _Marker("bullet", "", 0, "", left, text_left)
     if not _ALNUM.search(second.text) and not second.text.startswith(tuple("(\"'‘’“”«")):
         return None
-    if text in BULLETS and gap > 0 and max(w, h) >= (0.25 if text in "-–—" else 0.15) * page.em:
+    if text in BULLETS and gap > 0 and max(w, h) >= (0.2 if text in "-–—" else 0.15) * page.em:
         return _Marker("bullet", "", 0, "", left, text_left)
     if m := _NUMBER.fullmatch(text):
         return _Marker("number", m[1], int(m[2]), m[3], left, text_left)
@@ -937,8 +937,7 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
         return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left)
     if (m := _ROMAN.fullmatch(text)) and m[2]:
         return _Marker("roman", m[1], 0, m[3], left, text_left)
-    if len(text) <= 2 and (text in _BULLET_READINGS or not _ALNUM.search(text)) \
-            and gap >= 0.4 * page.em and _bullet_shaped(first, tokens[1:], page):
+    if len(text) <= 2 and gap >= 0.4 * page.em and _bullet_shaped(first, tokens[1:], page):
         return _Marker("bullet", "", 0, "", left, text_left)
     return None
 
