@@ -335,8 +335,9 @@ def _tables(lines: list[Line], rules: list[_Rule], page: _Metrics,
     """The page's tables and the lines they took; a `|` is a character of a cell, unless
     only as a ruling line does it make a table of rows (a rule that tesseract read as
     a character, between cells too close for their gap alone)."""
-    tables, used = _find_tables(lines, rules, page, set(), bars=False)
-    more, taken = _find_tables(lines, rules, page, used, bars=True)
+    big = {i for i, line in enumerate(lines) if _line_em(line) >= HEADING * page.em}
+    tables, used = _find_tables(lines, rules, page, big, bars=False)
+    more, taken = _find_tables(lines, rules, page, used | big, bars=True)
     return tables + more, used | taken
 
 
@@ -406,8 +407,7 @@ def _grid(rows: list[_Row], lines: list[Line], rules: list[_Rule], page: _Metric
         return None
     if all(len(cell) == 1 and _marker_like(cell[0]) for row in grid if (cell := row[0])):
         return None  # a list: its markers stand apart from the items' words
-    counts = [[len(cell) for row in grid if (cell := row[c])] for c in range(len(columns))]
-    if not ruled and _prose_columns(rows, columns, counts, lines):
+    if not ruled and _prose_columns(grid, page):
         return None
     cells = [[_words(cell) for cell in row] for row in grid]
     right = [_right_aligned([row[c] for row in grid[1:] if row[c]])
@@ -453,25 +453,16 @@ def _column_of(box: Box, columns: list[tuple[int, int]]) -> int:
     return best
 
 
-def _prose_columns(rows: list[_Row], columns: list[tuple[int, int]],
-                   counts: list[list[int]], lines: list[Line]) -> bool:
-    """Columns of running text side by side rather than a table: every column holds
-    several words a line, or each column is a block of text of its own that goes on
-    above or below these rows."""
-    medians = [statistics.median(c) if c else 0 for c in counts]
-    if min(medians) >= 5:
-        return True
-    if min(medians) < 3:
-        return False
-    blocks: list[set[int]] = [set() for _ in columns]
-    for row in rows:
-        for seg in row.segments:
-            blocks[_column_of(seg.box, columns)].add(lines[seg.line].block)
-    if any(a & b for i, a in enumerate(blocks) for b in blocks[i + 1:]):
-        return False
-    taken = {s.line for r in rows for s in r.segments}
-    involved = set().union(*blocks)
-    return any(line.block in involved and i not in taken for i, line in enumerate(lines))
+def _prose_columns(grid: list[list[list[Token]]], page: _Metrics) -> bool:
+    """Columns of running text side by side rather than a table: in every column the
+    lines are long, of several words each."""
+    for c in range(len(grid[0])):
+        cells = [row[c] for row in grid if row[c]]
+        words = statistics.median(len(cell) for cell in cells)
+        width = statistics.median(cell[-1].box[2] - cell[0].box[0] for cell in cells)
+        if words < 6 and (words < 4 or width < 8 * page.em):
+            return False
+    return True
 
 
 def _right_aligned(cells: list[list[Token]]) -> bool:
