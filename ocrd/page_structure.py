@@ -73,10 +73,11 @@ _ROUND_BULLETS = BULLETS - frozenset("-–—*+")  # never anything but a bullet
 # what tesseract makes of a small round bullet
 _BULLET_READINGS = frozenset({"e", "o", "°", "«", "»", "¢", "©", "®", "*", "»", "+", "«",
                               "e»", "©)", "eo", "oe", ".", "·"})
-_JUNK = r"[.,:;'’`]?"  # a speck read after the marker
-_NUMBER = re.compile(r"(\(?(\d{1,3})([.):]))" + _JUNK)
-_LETTER = re.compile(r"(\(?([a-zA-Z])([.)]))" + _JUNK)
-_ROMAN = re.compile(r"(\(?((?:x{0,3})(?:ix|iv|v?i{0,3}))([.)]))" + _JUNK, re.IGNORECASE)
+_JUNK = r"[.,:;'’`]?"  # a speck read before or after the marker
+_NUMBER = re.compile(r"[_'‘’`]?(\(?(\d{1,3})([.):]))" + _JUNK)
+_LETTER = re.compile(r"[_'‘’`]?(\(?([a-zA-Z])([.)]))" + _JUNK)
+_ROMAN = re.compile(r"[_'‘’`]?(\(?((?:x{0,3})(?:ix|iv|v?i{0,3}))([.)]))" + _JUNK,
+                    re.IGNORECASE)
 _TALL_MARKS = frozenset("()[]{}|/\\$@")  # reach above capitals and below the baseline
 _DESCENDERS = frozenset("gjpqy")
 _ALNUM = re.compile(r"\w")
@@ -405,7 +406,9 @@ def _grid(rows: list[_Row], lines: list[Line], rules: list[_Rule], page: _Metric
     filled = sum(1 for row in grid for cell in row if cell)
     if filled < 0.6 * len(rows) * len(columns):
         return None
-    if all(len(cell) == 1 and _marker_like(cell[0]) for row in grid if (cell := row[0])):
+    if all(len(cell) == 1 and (_marker_like(cell[0]) or len(columns) == 2 and
+                               cell[0].box[2] - cell[0].box[0] <= page.em)
+           for row in grid if (cell := row[0])):
         return None  # a list: its markers stand apart from the items' words
     if not ruled and _prose_columns(grid, page):
         return None
@@ -721,31 +724,66 @@ class _Builder:
 
     def _unread_marker(self, line: _TextLine, column: tuple[int, int]) -> _Marker | None:
         """A mark in the white space before an indented line that no word was read
-        from: a list marker tesseract took for dirt."""
+        from: a list marker tesseract took for dirt. Marks are looked for from the line's
+        start leftwards, a few ems at most; dust is passed over."""
         em = self.page.em
-        zone = (column[0] - round(0.5 * em), line.top, line.left - round(0.25 * em),
-                line.bottom)
-        if self._ink is None or zone[2] - zone[0] < 0.5 * em:
+        right = line.left - round(0.25 * em)
+        limit = max(column[0] - round(0.5 * em), line.left - round(4 * em))
+        if self._ink is None or right - limit < 0.5 * em or self._words_in(
+                (limit, line.top, right, line.bottom)):
             return None
+        x = right
+        while x > limit:
+            mark = self._mark_left_of(x, limit, line)
+            if mark is None:
+                return None
+            box, count = mark
+            if self._marker_shaped(box, count, line):
+                return _Marker("lost", "", 0, "", box[0], line.left)
+            x = box[0] - 1
+        return None
+
+    def _mark_left_of(self, x: int, limit: int, line: _TextLine,
+                      ) -> tuple[Box, int] | None:
+        """The nearest mark left of x: ink, followed leftwards across gaps narrower
+        than those between a marker and its words."""
+        assert self._ink is not None
+        em = self.page.em
+        step = max(1, round(0.25 * em))
+        found = None
+        while x > limit and found is None:
+            found = self._ink((max(limit, x - step), line.top, x, line.bottom))
+            x -= step
+        if found is None:
+            return None
+        box = found[0]
+        while box[0] > limit:
+            more = self._ink((max(limit, box[0] - step), line.top, box[0], line.bottom))
+            if more is None or more[0][2] < box[0] - 0.15 * em:
+                break
+            box = (more[0][0], box[1], box[2], box[3])
+        return self._ink((box[0], line.top, box[2], line.bottom))
+
+    def _marker_shaped(self, box: Box, count: int, line: _TextLine) -> bool:
+        """A bullet, a dash or a number's glyphs: solid, a fifth of an em or more; not
+        dust."""
+        em = self.page.em
+        w, h = box[2] - box[0], box[3] - box[1]
+        middle = (box[1] + box[3]) / 2
+        bar = w >= 0.2 * em and w >= 2.5 * h and count >= 0.5 * w * h  # a dash
+        solid = count >= (0.15 * em) ** 2 or bar
+        return (line.top <= middle <= line.bottom and 0.2 * em <= max(w, h) <= 2.5 * em
+                and h <= 1.0 * em and solid and count >= 0.15 * max(1, w * h))
+
+    def _words_in(self, zone: Box) -> bool:
         for other in self._lines:
             if _noise(other, self.page):
                 continue  # dirt, or the marker itself read as nothing sensible
             for t in other.tokens:
                 if t.box[0] < zone[2] and zone[0] < t.box[2] and t.box[1] < zone[3] \
                         and zone[1] < t.box[3]:
-                    return None
-        dark = self._ink(zone)
-        if dark is None:
-            return None
-        found, count = dark
-        w, h = found[2] - found[0], found[3] - found[1]
-        middle = (found[1] + found[3]) / 2
-        # a bullet, a dash or a number's glyphs: solid, a fifth of an em or more; not dust
-        solid = count >= (0.15 * em) ** 2 or (w >= 0.3 * em and count >= 0.7 * w * h)
-        if not (line.top <= middle <= line.bottom and 0.2 * em <= max(w, h) <= 2.5 * em
-                and h <= 1.0 * em and solid and count >= 0.15 * max(1, w * h)):
-            return None
-        return _Marker("lost", "", 0, "", found[0], line.left)
+                    return True
+        return False
 
     def _heading_sized(self, line: Line) -> bool:
         """A heading: a short line of large words, in a paragraph of such lines."""
