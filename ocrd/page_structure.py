@@ -871,8 +871,6 @@ class _Builder:
     def _same_paragraph(self, prev: _TextLine, line: _TextLine,
                         column: tuple[int, int]) -> bool:
         em = self.page.em
-        if prev.region != line.region and prev.column != line.column:
-            return False
         step = line.base - prev.base
         if step <= 0 or step > self.page.pitch + PARAGRAPH_GAP * em:
             return False  # space above the line: a new paragraph
