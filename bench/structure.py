@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
-import io
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,10 +42,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench.cases import Result  # noqa: E402
-from ocrd import modes, page_structure  # noqa: E402
-from ocrd.engines import tesseract_tsv  # noqa: E402
-from ocrd.engines.tesseract import pnm  # noqa: E402
 from structure_pages import (  # noqa: E402
     KINDS,
     Lines,
@@ -57,6 +51,11 @@ from structure_pages import (  # noqa: E402
     shown,
     truth_blocks,
 )
+
+from bench.cases import Result  # noqa: E402
+from ocrd import modes, page_structure  # noqa: E402
+from ocrd.engines import tesseract_tsv  # noqa: E402
+from ocrd.engines.tesseract import pnm  # noqa: E402
 
 # main before the structure: tesseract's TSV parsed into plain text and words
 OLD_COMMIT = "0277faf"

@@ -147,9 +147,10 @@ def escape_line(text: str) -> str:
 
     Everywhere: the characters that open inline markup in CommonMark, GFM or the usual
     editors (backslash, backtick, `* _ [ ] | ~ $`), `<` before a tag, comment or
-    autolink, and `&` before an entity. At the line's start: what Markdown would read as structure (headings,
-    quotes, list markers, rules, setext underlines). Leading blanks are dropped (four of
-    them would start a code block); the words themselves are not changed.
+    autolink, and `&` before an entity. At the line's start: what Markdown would read
+    as structure (headings, quotes, list markers, rules, setext underlines). Leading
+    blanks are dropped (four of them would start a code block); the words themselves
+    are not changed.
     """
     return _escape_line_start(_INLINE.sub(r"\\\g<0>", text.strip()))
 

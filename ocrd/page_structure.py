@@ -71,8 +71,8 @@ ALIGN = 0.6  # lines start "at the same place" within this
 BULLETS = frozenset("•·●○◦▪■□‣⁃∙◆◇►▸➢➤✓✔-–—*+")
 _ROUND_BULLETS = BULLETS - frozenset("-–—*+")  # never anything but a bullet
 # what tesseract makes of a small round bullet
-_BULLET_READINGS = frozenset({"e", "o", "°", "«", "»", "¢", "©", "®", "*", "»", "+", "«",
-                              "e»", "©)", "eo", "oe", ".", "·"})
+_BULLET_READINGS = frozenset({"e", "o", "°", "«", "»", "¢", "©", "®", "*", "+", "e»", "©)",
+                              "eo", "oe", ".", "·"})
 _JUNK = r"[.,:;'’`]?"  # a speck read before or after the marker
 _NUMBER = re.compile(r"[_'‘’`]?(\(?(\d{1,3})([.):]))" + _JUNK)
 _LETTER = re.compile(r"[_'‘’`]?(\(?([a-zA-Z])([.)]))" + _JUNK)
@@ -606,12 +606,12 @@ def _merge_bands(bands: list[list[_Region]], page: _Metrics) -> list[list[_Regio
     groups = [list(bands[0])]
     for band in bands[1:]:
         both = groups[-1] + band
-        if len(_split(groups[-1], 0, GUTTER * page.em)) > 1 or \
-                len(_split(band, 0, GUTTER * page.em)) > 1:
-            if len(_split(both, 0, GUTTER * page.em)) > 1:
-                groups[-1] = both
-                continue
-        groups.append(list(band))
+        gutter = GUTTER * page.em
+        if (len(_split(groups[-1], 0, gutter)) > 1 or len(_split(band, 0, gutter)) > 1) \
+                and len(_split(both, 0, gutter)) > 1:
+            groups[-1] = both
+        else:
+            groups.append(list(band))
     return groups
 
 
@@ -880,9 +880,8 @@ class _Builder:
             # the line before is full and this one neither indented nor set apart
             return abs(indent) < ALIGN * em and not _deliberate(prev, line, column,
                                                                  self.page)
-        if indent > 1.2 * self.page.em and _deliberate(prev, line, column, self.page):
-            return False  # a first-line indent after a short line
-        return True
+        # a first-line indent after a short line starts a paragraph
+        return not (indent > 1.2 * em and _deliberate(prev, line, column, self.page))
 
     def _lost_first_items(self) -> None:
         """A short paragraph right before a list, standing where the list's words
@@ -938,9 +937,11 @@ def _heading_levels(blocks: list[_Block], page: _Metrics) -> None:
 
 
 def _speck(t: Token, page: _Metrics) -> bool:
-    """Dust read as a mark: no letter or digit, smaller than lowercase letters."""
-    return not _ALNUM.search(t.text) and (t.box[3] - t.box[1]) < 0.4 * page.em \
-        and t.text not in "-–—"
+    """Dust read as a mark: no letter or digit, smaller than lowercase letters and
+    read with little confidence (a full stop or a CJK comma read well is text)."""
+    return (not _ALNUM.search(t.text) and not any(cjk.is_cjk(c) for c in t.text)
+            and max(t.box[2] - t.box[0], t.box[3] - t.box[1]) < 0.4 * page.em
+            and 0 <= t.conf < 60)
 
 
 def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:

@@ -202,9 +202,8 @@ BULLETS = ["•", "–", "-", "*"]
 
 def _list(rng: random.Random, style: str, n: int, nested: bool) -> ListBlock:
     items: list[Item] = []
-    k = 0
     for i in range(n):
-        k += 1
+        k = i + 1
         text = short_text(rng, 3, 16 if rng.random() < 0.4 else 8)
         if style == "number":
             marker = f"{k}."
