@@ -25,6 +25,7 @@ from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 from bench.remote_client import REMOTE_CASES  # noqa: E402
+from bench.structure import STRUCTURE_CASES  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 RESULTS_HEADER = """# Benchmark results
@@ -98,6 +99,8 @@ def summary(r: Result) -> str:
                 f"{d['best_per_s']['old']} pages/s, {d['median_cpu_ms']['aiohttp']} vs "
                 f"{d['median_cpu_ms']['old']} client CPU ms a page (server "
                 f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
+    if r.name.startswith("structure_"):
+        return d.get("summary", "")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
@@ -105,6 +108,7 @@ def summary(r: Result) -> str:
 
 CASES.update(CONSOLE_CASES)
 CASES.update(REMOTE_CASES)
+CASES.update(STRUCTURE_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:
