@@ -50,11 +50,12 @@ class Line:
 
 @dataclass
 class Reading:
-    """A page as read: its lines in the engine's order and the ruling lines it found
-    (thin boxes without text: table grids, underlines)."""
+    """A page as read: its lines in the engine's order, the ruling lines it found (thin
+    boxes without text: table grids, underlines) and the page's width in pixels."""
 
     lines: list[Line]
     rules: list[Box] = field(default_factory=list)
+    width: int = 0  # 0: not known
 
 
 # -- tuning (in ems of body text) ---------------------------------------------------------
@@ -96,7 +97,7 @@ def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
     tables, used = _tables(lines, rows, page)
     regions = _regions(lines, used, tables, page)
     ordered = _reading_order(regions, page)
-    _column_edges(ordered, lines)
+    _column_edges(ordered, lines, reading.width)
     return "\n\n".join(_Builder(page, lines, ink).build(ordered))
 
 
@@ -540,17 +541,25 @@ def _reading_order(regions: list[_Region], page: _Metrics) -> list[_Region]:
     return out
 
 
-def _column_edges(regions: list[_Region], lines: list[Line]) -> None:
+def _column_edges(regions: list[_Region], lines: list[Line], width: int) -> None:
     """Each column's right edge where its lines of text end: the longest lines, not a
-    heading or a table that reaches further."""
+    heading or a table that reaches further. Text that spans the page ends no earlier
+    than its margins say (as wide on the right as on the left): lines that all stop
+    well short of it were broken on purpose."""
     rights: dict[tuple[int, int], list[int]] = {}
     for r in regions:
         if r.table is None:
             rights.setdefault(r.column, []).extend(lines[i].box[2] for i in r.lines)
+    page = (min(r.box[0] for r in regions), max(r.box[2] for r in regions)) if regions \
+        else (0, 0)
     for r in regions:
         ends = sorted(rights.get(r.column, []))
-        if ends:
-            r.column = (r.column[0], ends[(len(ends) * 9) // 10])
+        if not ends:
+            continue
+        edge = ends[(len(ends) * 9) // 10]
+        if r.column == page and width > page[0]:
+            edge = max(edge, width - page[0])
+        r.column = (r.column[0], edge)
 
 
 def _order(regions: list[_Region], page: _Metrics, out: list[_Region],

@@ -214,3 +214,16 @@ def test_two_rows_of_words_with_gaps_are_no_table() -> None:
              Line(lines[2].tokens + lines[3].tokens, 1, 1)]
     md = md_of(lines)
     assert "|" not in md and "Invoice 2024-117 Date 2024-03-01" in md
+
+
+def test_short_lines_on_a_wide_page_keep_their_breaks() -> None:
+    """Lines that all end well short of the page's right margin (as wide as its left
+    one) were broken on purpose, even where the next word would not have fitted up to
+    the longest of them; the same lines filling the page's width run on."""
+    lines = paragraph_lines(wrap("Report warehouse total balance delivery number account "
+                                 "30. Shipment address customer revenue signature payment "
+                                 "31. Contract invoice report warehouse total 32.", 58),
+                            200, 200, 1)
+    right = max(line.box[2] for line in lines)
+    assert page_structure.to_markdown(Reading(lines, width=3 * right)).count("\\\n") == 2
+    assert page_structure.to_markdown(Reading(lines, width=right + 200)).count("\\\n") == 0

@@ -35,11 +35,11 @@ def split(out: str) -> tuple[str, str]:
     return "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])
 
 
-def _rows(tsv: str) -> list[list[str]]:
+def _rows(tsv: str, levels: tuple[str, ...] = (_WORD_LEVEL,)) -> list[list[str]]:
     rows = []
     for row in tsv.splitlines()[1:]:
         cols = row.split("\t", _COLUMNS - 1)
-        if len(cols) == _COLUMNS and cols[0] == _WORD_LEVEL:
+        if len(cols) == _COLUMNS and cols[0] in levels:
             rows.append(cols)
     return rows
 
@@ -50,7 +50,11 @@ def read(tsv: str, text: str = "") -> Reading:
     lines: list[Line] = []
     rules: list[tuple[int, int, int, int]] = []
     last = None
-    for cols in _rows(tsv):
+    page_width = 0
+    for cols in _rows(tsv, levels=("1", _WORD_LEVEL)):
+        if cols[0] == "1":  # the page
+            page_width = _int(cols[8])
+            continue
         try:
             left, top, width, height = (int(v) for v in cols[6:10])
             conf = float(cols[10])
@@ -67,7 +71,7 @@ def read(tsv: str, text: str = "") -> Reading:
             last = key
         lines[-1].tokens.append(Token(word, box, conf))
     _space(lines, text)
-    return Reading(lines, rules)
+    return Reading(lines, rules, page_width)
 
 
 def _int(value: str) -> int:
