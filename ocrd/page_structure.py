@@ -64,7 +64,7 @@ CELL_GAP = 0.65  # a gap this wide inside a line may part table cells
 GUTTER = 1.0  # a clear strip this wide between regions parts columns of text
 HEADING = 1.25  # a line this much larger than body text is a heading
 TITLE = 1.7  # ... and this much larger, the page's title (#) when all have one size
-MAX_HEADING_WORDS = 14
+MAX_HEADING_WORDS = 12
 TABLE_ROW_GAP = 1.2  # rows of a table follow each other at most this far apart
 PARAGRAPH_GAP = 0.45  # this much more space than between lines starts a paragraph
 ALIGN = 0.6  # lines start "at the same place" within this
@@ -498,6 +498,7 @@ class _Region:
     box: Box
     table: Table | None = None
     column: tuple[int, int] = (0, 0)  # left and right edge of its column of text
+    heading: bool = False  # a line or two of large type: it goes with what follows
 
 
 def _regions(lines: list[Line], used: set[int], tables: list[Table],
@@ -520,6 +521,9 @@ def _regions(lines: list[Line], used: set[int], tables: list[Table],
         if run:
             out.append(_Region(run, _union(lines[k].box for k in run)))
     out.extend(_Region([], t.box, t) for t in tables)
+    for r in out:
+        r.heading = 0 < len(r.lines) <= 2 and all(
+            _line_em(lines[i]) >= HEADING * page.em for i in r.lines)
     return out
 
 
@@ -611,14 +615,21 @@ def _split(regions: list[_Region], axis: int, min_gap: float) -> list[list[_Regi
 
 def _merge_bands(bands: list[list[_Region]], page: _Metrics) -> list[list[_Region]]:
     """Neighbouring bands joined while a gutter still runs through both, so that
-    columns whose paragraphs happen to end on the same height stay columns."""
+    columns whose paragraphs happen to end on the same height stay columns; a band of
+    headings alone goes with the band it heads."""
+    gutter = GUTTER * page.em
+
+    def joins(a: list[_Region], b: list[_Region]) -> bool:
+        return (len(_split(a, 0, gutter)) > 1 or len(_split(b, 0, gutter)) > 1) and \
+            len(_split(a + b, 0, gutter)) > 1
+
     groups = [list(bands[0])]
-    for band in bands[1:]:
-        both = groups[-1] + band
-        gutter = GUTTER * page.em
-        if (len(_split(groups[-1], 0, gutter)) > 1 or len(_split(band, 0, gutter)) > 1) \
-                and len(_split(both, 0, gutter)) > 1:
-            groups[-1] = both
+    for k, band in enumerate(bands[1:], 1):
+        heads = all(r.heading for r in band)
+        following = bands[k + 1] if k + 1 < len(bands) else None
+        if joins(groups[-1], band) and not (
+                heads and (following is None or not joins(band, following))):
+            groups[-1] = groups[-1] + band
         else:
             groups.append(list(band))
     return groups
@@ -635,6 +646,7 @@ class _Marker:
     delim: str  # "." or ")"
     left: int  # where the marker starts
     text_left: int  # where the item's words start
+    token: Token | None = None  # a bullet's character as read
 
 
 @dataclass
@@ -698,8 +710,15 @@ class _Builder:
                 prev = line
         self._lost_first_items()
         self._single_unread_items()
+        self._long_headings()
         _heading_levels(self.blocks, self.page)
         return [md for b in self.blocks if (md := _block_markdown(b, self.page))]
+
+    def _long_headings(self) -> None:
+        """Large type over more than two lines is text set large, not a heading."""
+        for k, block in enumerate(self.blocks):
+            if block.kind == "heading" and len(block.lines) > 2:
+                self.blocks[k] = _Block("paragraph", block.lines, column=block.column)
 
     def _single_unread_items(self) -> None:
         """A "list" of one item whose marker was not read is a paragraph after a mark
@@ -715,11 +734,14 @@ class _Builder:
     def _text_line(self, region: _Region, k: int, i: int) -> _TextLine:
         line = self._lines[i]
         tokens = list(line.tokens)
-        heading = self._heading_sized(line)  # "1. Introduction" in large type: a heading
-        marker = None if heading else _marker(tokens, self.page)
+        marker = _marker(tokens, self.page)
         while marker is None and len(tokens) > 1 and _speck(tokens[0], self.page):
             tokens = tokens[1:]  # dirt before the line
-            marker = None if heading else _marker(tokens, self.page)
+            marker = _marker(tokens, self.page)
+        # "1. Introduction" in large type is a heading; a bullet in large type an item
+        heading = (marker is None or marker.kind != "bullet") and self._heading_sized(line)
+        if heading:
+            marker = None
         words = tokens[1:] if marker is not None else tokens
         words = [t for t in words if not _speck(t, self.page)] or words
         box = _union(t.box for t in words)
@@ -747,7 +769,7 @@ class _Builder:
             if mark is None:
                 return None
             box, count = mark
-            if self._marker_shaped(box, count, line):
+            if self._marker_shaped(box, count, line) and self._stands_alone(box, line):
                 return _Marker("lost", "", 0, "", box[0], line.left)
             x = box[0] - 1
         return None
@@ -772,6 +794,14 @@ class _Builder:
                 break
             box = (more[0][0], box[1], box[2], box[3])
         return self._ink((box[0], line.top, box[2], line.bottom))
+
+    def _stands_alone(self, box: Box, line: _TextLine) -> bool:
+        """White above and below the mark: not the edge of a picture beside the text."""
+        assert self._ink is not None
+        reach = round(0.25 * self.page.em)
+        around = self._ink((box[0], line.top - reach, box[2], line.bottom + reach))
+        return around is not None and around[0][1] >= box[1] - 1 and \
+            around[0][3] <= box[3] + 1
 
     def _marker_shaped(self, box: Box, count: int, line: _TextLine) -> bool:
         """A bullet, a dash or a number's glyphs: solid, a fifth of an em or more; not
@@ -809,6 +839,8 @@ class _Builder:
 
     def _add(self, prev: _TextLine | None, line: _TextLine, column: tuple[int, int]) -> None:
         cur = self.blocks[-1] if self.blocks else None
+        if line.heading and self._runs_on(cur, prev, line, column):
+            line.heading = 0  # a list item or paragraph set large goes on here
         if line.heading:
             if (cur is not None and cur.kind == "heading" and prev is not None
                     and prev.heading == line.heading and prev.region == line.region
@@ -817,6 +849,10 @@ class _Builder:
                 return
             self.blocks.append(_Block("heading", [line], level=line.heading, column=column))
             return
+        if line.marker is not None and self._dash_runs_on(cur, prev, line, column):
+            assert line.marker.token is not None
+            line.tokens.insert(0, line.marker.token)
+            line.left, line.marker = line.marker.left, None
         if line.marker is not None:
             if cur is not None and cur.kind == "list":
                 cur.items.append(_Item(self._depth(cur, line.marker), line.marker, [line]))
@@ -839,6 +875,32 @@ class _Builder:
             cur.lines.append(line)
             return
         self.blocks.append(_Block("paragraph", [line], column=column))
+
+    def _dash_runs_on(self, cur: _Block | None, prev: _TextLine | None, line: _TextLine,
+                      column: tuple[int, int]) -> bool:
+        """A dash that starts a line of running text after a full one: the sentence's
+        own dash, not a list's."""
+        marker = line.marker
+        return (marker is not None and marker.token is not None
+                and marker.token.text in "-–—" and cur is not None
+                and cur.kind == "paragraph" and prev is not None
+                and prev.region == line.region
+                and abs(marker.left - prev.left) <= ALIGN * self.page.em
+                and not _deliberate(prev, line, column, self.page))
+
+    def _runs_on(self, cur: _Block | None, prev: _TextLine | None, line: _TextLine,
+                 column: tuple[int, int]) -> bool:
+        """Whether a large line goes on with the text before it, in the same type size:
+        right below, where that text's words start, after a line that was full."""
+        if cur is None or prev is None or cur.kind not in ("list", "paragraph"):
+            return False
+        if abs(line.em - prev.em) > 0.12 * prev.em or _deliberate(prev, line, column,
+                                                                   self.page):
+            return False
+        left = cur.items[-1].marker.text_left if cur.kind == "list" else prev.left
+        step = line.base - prev.base
+        return abs(line.left - left) <= ALIGN * self.page.em and \
+            0 < step <= self.page.pitch * line.em / self.page.em + PARAGRAPH_GAP * line.em
 
     def _depth(self, block: _Block, marker: _Marker) -> int:
         """The nesting depth of a new item: by where its marker stands among the
@@ -880,6 +942,11 @@ class _Builder:
     def _same_paragraph(self, prev: _TextLine, line: _TextLine,
                         column: tuple[int, int]) -> bool:
         em = self.page.em
+        if prev.column != line.column and line.left > prev.right:
+            # the next column: a sentence that goes on there, lowercase, from a full line
+            return (line.tokens[0].text[:1].islower()
+                    and abs(line.left - line.column[0]) <= ALIGN * em
+                    and not _deliberate(prev, line, prev.column, self.page))
         step = line.base - prev.base
         if step <= 0 or step > self.page.pitch + PARAGRAPH_GAP * em:
             return False  # space above the line: a new paragraph
@@ -963,34 +1030,37 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
     left, text_left = first.box[0], second.box[0]
     w, h = first.box[2] - first.box[0], first.box[3] - first.box[1]
     if text in _ROUND_BULLETS and gap > 0 and max(w, h) >= 0.15 * page.em:
-        return _Marker("bullet", "", 0, "", left, text_left)
+        return _Marker("bullet", "", 0, "", left, text_left, first)
     if not _ALNUM.search(second.text) and not second.text.startswith(tuple("(\"'‘’“”«")):
         return None
     if text in BULLETS and gap > 0 and max(w, h) >= (0.2 if text in "-–—" else 0.15) * page.em:
-        return _Marker("bullet", "", 0, "", left, text_left)
+        return _Marker("bullet", "", 0, "", left, text_left, first)
     if m := _NUMBER.fullmatch(text):
         return _Marker("number", m[1], int(m[2]), m[3], left, text_left)
     if (m := _LETTER.fullmatch(text)) and (m[3] == ")" or gap >= 0.5 * page.em):
         return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left)
     if (m := _ROMAN.fullmatch(text)) and m[2]:
         return _Marker("roman", m[1], 0, m[3], left, text_left)
-    if len(text) <= 2 and gap >= 0.4 * page.em and _bullet_shaped(first, tokens[1:], page):
+    if len(text) <= 2 and _bullet_shaped(first, tokens[1:], page):
         return _Marker("bullet", "", 0, "", left, text_left)
     return None
 
 
 def _bullet_shaped(mark: Token, words: list[Token], page: _Metrics) -> bool:
-    """A bullet read as some small character: a dot about a quarter of an em across,
-    at the middle of the line's lowercase letters (not dust anywhere)."""
-    w, h = mark.box[2] - mark.box[0], mark.box[3] - mark.box[1]
-    if not (0.15 * page.em <= min(w, h) and max(w, h) <= 0.6 * page.em and
-            max(w, h) <= 2.2 * min(w, h)):
-        return False
+    """A bullet read as some small character: a solid dot smaller than the line's
+    lowercase letters, at their middle, with more than a word space after it (not dust
+    anywhere, not a one-letter word)."""
     if not any(_ALNUM.search(t.text) for t in words):
+        return False
+    em = max(page.em, _line_em(Line(words)))  # the line's own type size
+    w, h = mark.box[2] - mark.box[0], mark.box[3] - mark.box[1]
+    gap = words[0].box[0] - mark.box[2]
+    if not (0.15 * em <= min(w, h) and max(w, h) <= 0.47 * em and
+            max(w, h) <= 2.2 * min(w, h) and gap >= 0.28 * em):
         return False
     baseline = _baseline(words)
     middle = (mark.box[1] + mark.box[3]) / 2
-    return baseline - 0.55 * page.em <= middle <= baseline - 0.05 * page.em
+    return baseline - 0.55 * em <= middle <= baseline - 0.05 * em
 
 
 def _deliberate(prev: _TextLine, line: _TextLine, column: tuple[int, int],
@@ -1000,8 +1070,9 @@ def _deliberate(prev: _TextLine, line: _TextLine, column: tuple[int, int],
     if not line.tokens:
         return True
     first = line.tokens[0]
-    need = page.space + (first.box[2] - first.box[0])
-    return prev.right + need < column[1] - 0.3 * page.em
+    scale = max(1.0, prev.em / page.em)  # a word space in the line's own type size
+    need = page.space * scale + (first.box[2] - first.box[0])
+    return prev.right + need < column[1] - 0.5 * page.em * scale
 
 
 # -- Markdown ----------------------------------------------------------------------------

@@ -227,3 +227,88 @@ def test_short_lines_on_a_wide_page_keep_their_breaks() -> None:
     right = max(line.box[2] for line in lines)
     assert page_structure.to_markdown(Reading(lines, width=3 * right)).count("\\\n") == 2
     assert page_structure.to_markdown(Reading(lines, width=right + 200)).count("\\\n") == 0
+
+
+def ink_of(marks: list[tuple[int, int, int, int]], size: tuple[int, int] = (3000, 2000),
+           ) -> page_structure.Ink:
+    """Where a page drawn with these dark boxes has ink (the engine's own lookup)."""
+    from PIL import Image, ImageDraw
+
+    from ocrd import modes
+
+    image = Image.new("L", size, 255)
+    draw = ImageDraw.Draw(image)
+    for box in marks:
+        draw.rectangle(box, fill=0)
+    return lambda box: modes.dark_box(image, box)
+
+
+ITEMS = ["Printer paper for the office upstairs", "Toner for the laser printer",
+         "Cables of every length for the meeting room"]
+
+
+def item_lines(x: int) -> list[Line]:
+    return [words_line(t, x, 300 + 60 * k, block=2 + k) for k, t in enumerate(ITEMS)]
+
+
+def test_marks_tesseract_did_not_read_make_list_items() -> None:
+    """The bullets beside indented lines are in the pixels only (tesseract drops small
+    isolated marks): the lines are items all the same."""
+    body = paragraph_lines(BODY, 100, 100, 1)
+    bullets = [(110, 300 - 25 - 7, 124, 300 - 25 + 7) for _ in ITEMS]
+    bullets = [(110, y0 + 60 * k, 124, y1 + 60 * k) for k, (_, y0, _, y1) in
+               enumerate(bullets)]
+    md = page_structure.to_markdown(Reading([*body, *item_lines(180)]), ink_of(bullets))
+    assert [b.text for b in shown(md) if b.kind == "item"] == ITEMS, md
+
+
+def test_a_picture_beside_indented_lines_is_no_list() -> None:
+    picture = [(100, 150, 160, 900)]  # its right edge runs past every line
+    md = page_structure.to_markdown(Reading([*paragraph_lines(BODY, 100, 100, 1),
+                                             *item_lines(180)]), ink_of(picture))
+    assert not [b for b in shown(md) if b.kind == "item"], md
+
+
+def test_a_dash_that_starts_a_line_of_running_text_is_no_bullet() -> None:
+    lines = paragraph_lines(["Any notes played are added into the track while the",
+                             "sequence plays back in the studio and all of the old"],
+                            100, 100, 1)
+    dash = words_line("— existing notes stay as they were recorded.", 100, 100 + 2 * 52)
+    md = md_of([*lines, Line(dash.tokens, 1, 1)])
+    assert md == ("Any notes played are added into the track while the sequence plays "
+                  "back in the studio and all of the old — existing notes stay as they "
+                  "were recorded.")
+
+
+def test_a_list_set_larger_than_the_body_keeps_its_items_whole() -> None:
+    """Bullet points in large type over a page of smaller body text: the lines that go
+    on with an item are the item's, not headings."""
+    big = 1.4 * EM
+    body = paragraph_lines(BODY, 100, 700, 2)
+    edge = max(line.box[2] for line in body)
+    hanging = 100 + round(0.8 * big)  # where the item's words start
+    item, x = [""], hanging
+    for word in ("Each of the hundred sequences holds thirty two tracks and each of the "
+                 "tracks may play on its own channel, so that a whole song with all its "
+                 "parts fits into one of them").split():
+        width = round(len(word) * big * 0.5)
+        if item[-1] and x + width > edge:  # wrapped where the next word does not fit
+            item.append("")
+            x = hanging
+        item[-1] = f"{item[-1]} {word}".strip()
+        x += width + round(big * 0.3)
+    lines = [words_line(f"• {item[0]}", 100, 200, big, block=1)]
+    assert lines[0].tokens[1].box[0] == hanging and len(item) >= 3
+    lines += [words_line(t, hanging, 200 + round((k + 1) * 1.3 * big), big, block=1)
+              for k, t in enumerate(item[1:])]
+    md = md_of([*lines, *body])
+    assert md.split("\n\n")[0] == "- " + " ".join(item), md
+
+
+def test_a_sentence_goes_on_in_the_next_column() -> None:
+    left = wrap("The first column ends in the middle of a sentence that it begins here "
+                "and that", 32)
+    right = wrap("carries on at the top of the second column, where it ends.", 32)
+    lines = [*paragraph_lines(left, 100, 200, 1), *paragraph_lines(right, 1000, 200, 2)]
+    blocks = shown(md_of(lines))
+    assert [b.text for b in blocks] == [" ".join(left + right)]
