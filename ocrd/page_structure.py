@@ -82,6 +82,7 @@ _ROMAN = re.compile(r"[_'‘’`]?(\(?((?:x{0,3})(?:ix|iv|v?i{0,3}))([.)]))" + _
 _TALL_MARKS = frozenset("()[]{}|/\\$@")  # reach above capitals and below the baseline
 _DESCENDERS = frozenset("gjpqy")
 _ALNUM = re.compile(r"\w")
+_COMPOUND = re.compile(r"[^\W\d_]+-[^\W\d_]+")
 
 
 def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
@@ -148,6 +149,9 @@ class _Metrics:
     em: float  # body text's font size, pixels
     space: float  # a word space, pixels
     pitch: float  # body text's line pitch, pixels
+    # words written with a hyphen inside them somewhere on the page ("machine-encoded"):
+    # split at a line's end, they keep it
+    compounds: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, lines: list[Line]) -> _Metrics:
@@ -166,7 +170,9 @@ class _Metrics:
                 if 0.8 * em < step < 2.5 * em:
                     pitches.append(step)
         pitch = statistics.median(pitches) if pitches else em * 1.25
-        return cls(max(em, 1.0), max(space, 1.0), max(pitch, 1.0))
+        compounds = frozenset(w for ln in lines for t in ln.tokens
+                              if _COMPOUND.fullmatch(w := t.text.lower().strip(".,;:!?")))
+        return cls(max(em, 1.0), max(space, 1.0), max(pitch, 1.0), compounds)
 
 
 @dataclass(frozen=True)
@@ -551,18 +557,21 @@ def _column_edges(regions: list[_Region], lines: list[Line], width: int) -> None
     than its margins say (as wide on the right as on the left): lines that all stop
     well short of it were broken on purpose."""
     rights: dict[tuple[int, int], list[int]] = {}
+    lefts: list[int] = []
     for r in regions:
         if r.table is None:
             rights.setdefault(r.column, []).extend(lines[i].box[2] for i in r.lines)
+            lefts.extend(lines[i].box[0] for i in r.lines)
     page = (min(r.box[0] for r in regions), max(r.box[2] for r in regions)) if regions \
         else (0, 0)
+    margin = statistics.median(lefts) if lefts else 0  # where most lines start
     for r in regions:
         ends = sorted(rights.get(r.column, []))
         if not ends:
             continue
         edge = ends[(len(ends) * 9) // 10]
-        if r.column == page and width > page[0]:
-            edge = max(edge, width - page[0])
+        if r.column == page and width > margin:
+            edge = max(edge, round(width - margin))
         r.column = (r.column[0], edge)
 
 
@@ -1070,6 +1079,8 @@ def _deliberate(prev: _TextLine, line: _TextLine, column: tuple[int, int],
     if not line.tokens:
         return True
     first = line.tokens[0]
+    if prev.tokens and _hyphenated(prev.tokens[-1].text, first.text):
+        return False  # nobody breaks a word on purpose
     scale = max(1.0, prev.em / page.em)  # a word space in the line's own type size
     need = page.space * scale + (first.box[2] - first.box[0])
     return prev.right + need < column[1] - 0.5 * page.em * scale
@@ -1106,7 +1117,7 @@ def _join(lines: list[_TextLine], column: tuple[int, int], page: _Metrics,
             prev = lines[k - 1]
             if hard and _deliberate(prev, line, column, page):
                 parts.append("\n")
-            elif _hyphenated(parts[-1], text):
+            elif _hyphenated(parts[-1], text) and not _compound(parts[-1], text, page):
                 parts[-1] = parts[-1][:-1]
             elif parts[-1].endswith(("-", "‐")) and text[:1].isalpha():
                 pass  # a hyphen that belongs to the word: "Anglo-" + "Saxon"
@@ -1114,6 +1125,13 @@ def _join(lines: list[_TextLine], column: tuple[int, int], page: _Metrics,
                 parts.append(" ")
         parts.append(text)
     return "".join(parts)
+
+
+def _compound(before: str, after: str, page: _Metrics) -> bool:
+    """A word that the page writes with its hyphen elsewhere."""
+    head = before.rsplit(" ", 1)[-1][:-1].lower()
+    tail = after.split(" ", 1)[0].lower().strip(".,;:!?")
+    return f"{head}-{tail}" in page.compounds
 
 
 def _hyphenated(before: str, after: str) -> bool:

@@ -312,3 +312,12 @@ def test_a_sentence_goes_on_in_the_next_column() -> None:
     lines = [*paragraph_lines(left, 100, 200, 1), *paragraph_lines(right, 1000, 200, 2)]
     blocks = shown(md_of(lines))
     assert [b.text for b in blocks] == [" ".join(left + right)]
+
+
+def test_a_compound_the_page_writes_with_its_hyphen_keeps_it() -> None:
+    lines = paragraph_lines(["The scanned pages become machine-encoded text that a reader",
+                             "can search, and this text is machine-",
+                             "encoded as well as the first one was ware-",
+                             "housed."], 100, 200, 1)
+    md = md_of(lines)
+    assert "is machine-encoded as well" in md and "was warehoused." in md, md
