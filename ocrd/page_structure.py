@@ -273,6 +273,8 @@ def _segments(lines: list[Line], rules: list[_Rule], page: _Metrics, skip: set[i
     """Each line cut at gaps wide enough to part cells, where it crosses a vertical rule
     (and with `bars`, at a `|`); dirt left out."""
     verticals = [r for r in rules if r.vertical]
+    # wider than two word spaces: a typewriter's spaces are half an em and more
+    cell_gap = max(CELL_GAP * page.em, 2 * page.space)
     out = []
     for i, line in enumerate(lines):
         if i in skip:
@@ -287,7 +289,7 @@ def _segments(lines: list[Line], rules: list[_Rule], page: _Metrics, skip: set[i
                     out.append(_Segment(cur, i))
                 cur, last = [], None
                 continue
-            if last is not None and (tok.box[0] - last.box[2] >= CELL_GAP * page.em or any(
+            if last is not None and (tok.box[0] - last.box[2] >= cell_gap or any(
                     last.box[2] <= r.x <= tok.box[0] and _spans(r, tok.box)
                     for r in verticals)):
                 out.append(_Segment(cur, i))
@@ -960,11 +962,18 @@ class _Builder:
         if step <= 0 or step > self.page.pitch + PARAGRAPH_GAP * em:
             return False  # space above the line: a new paragraph
         indent = line.left - prev.left
-        if prev.region != line.region or prev.line.par != line.line.par:
-            # tesseract starts a paragraph (or a block) here; but the text runs on when
-            # the line before is full and this one neither indented nor set apart
+        if prev.region != line.region:
+            # a block of tesseract's starts here; but the text runs on when the line
+            # before is full and this one neither indented nor set apart
             return abs(indent) < ALIGN * em and not _deliberate(prev, line, column,
                                                                  self.page)
+        if prev.line.par != line.line.par:
+            # tesseract makes a paragraph of every short line: lines of one line each,
+            # without space or indent between them, are lines of one (kept as lines)
+            single = sum(1 for ln in self._lines if (ln.block, ln.par) ==
+                         (prev.line.block, prev.line.par)) == 1
+            return abs(indent) < ALIGN * em and (single or not _deliberate(
+                prev, line, column, self.page))
         # a first-line indent after a short line starts a paragraph
         return not (indent > 1.2 * em and _deliberate(prev, line, column, self.page))
 
@@ -1083,7 +1092,9 @@ def _deliberate(prev: _TextLine, line: _TextLine, column: tuple[int, int],
         return False  # nobody breaks a word on purpose
     scale = max(1.0, prev.em / page.em)  # a word space in the line's own type size
     need = page.space * scale + (first.box[2] - first.box[0])
-    return prev.right + need < column[1] - 0.5 * page.em * scale
+    # with room to spare: a typist returns the carriage before the margin
+    slack = (2 * page.space + 0.3 * page.em) * scale
+    return prev.right + need < column[1] - slack
 
 
 # -- Markdown ----------------------------------------------------------------------------

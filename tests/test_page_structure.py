@@ -284,7 +284,7 @@ def test_a_list_set_larger_than_the_body_keeps_its_items_whole() -> None:
     """Bullet points in large type over a page of smaller body text: the lines that go
     on with an item are the item's, not headings."""
     big = 1.4 * EM
-    body = paragraph_lines(BODY, 100, 700, 2)
+    body = paragraph_lines(BODY * 3, 100, 700, 2)  # most of the page: its body size
     edge = max(line.box[2] for line in body)
     hanging = 100 + round(0.8 * big)  # where the item's words start
     item, x = [""], hanging
@@ -303,6 +303,7 @@ def test_a_list_set_larger_than_the_body_keeps_its_items_whole() -> None:
               for k, t in enumerate(item[1:])]
     md = md_of([*lines, *body])
     assert md.split("\n\n")[0] == "- " + " ".join(item), md
+    assert "#" not in md
 
 
 def test_a_sentence_goes_on_in_the_next_column() -> None:
@@ -321,3 +322,32 @@ def test_a_compound_the_page_writes_with_its_hyphen_keeps_it() -> None:
                              "housed."], 100, 200, 1)
     md = md_of(lines)
     assert "is machine-encoded as well" in md and "was warehoused." in md, md
+
+
+RECIPE = ["4 ons linzen", "3 liter water", "3 uien", "bloem, boter", "2 kopjes melk",
+          "laurier, kruidnagel, kerrie, zout"]
+
+
+def typed(lines: list[str], y: int, block: int, one_par_each: bool) -> list[Line]:
+    """Typewriter lines: every character as wide as the next, a space as well."""
+    out = []
+    for k, text in enumerate(lines):
+        tokens, x = [], 100
+        for word in text.split():
+            tokens.append(Token(word, (x, y + 52 * k - _height(word, EM), x + 24 * len(word),
+                                       y + 52 * k), 90.0))
+            x += 24 * (len(word) + 1)
+        out.append(Line(tokens, block, k if one_par_each else 1))
+    return out
+
+
+def test_typed_lines_of_a_list_stay_lines_of_one_paragraph() -> None:
+    """A recipe's ingredients, one a line (tesseract makes each its own paragraph): one
+    paragraph whose lines keep their breaks; a typewriter's wide spaces are no table."""
+    prose = wrap("De linzen wassen en in een liter kokend water een dag laten weken en "
+                 "dan twee liter water bij de linzen voegen zonder het water af te gieten.",
+                 46)
+    md = md_of([*typed(RECIPE, 200, 1, one_par_each=True),
+                *typed(prose, 600, 2, one_par_each=False)])
+    assert "|" not in md
+    assert md.split("\n\n")[0] == "\\\n".join(RECIPE), md
