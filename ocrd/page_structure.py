@@ -91,6 +91,11 @@ def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
     lines = [line for line in reading.lines if line.tokens]
     if not lines:
         return ""
+    turned = _upright(lines, reading.rules)
+    if turned is not None:  # text read as it lies on its side: its own frame
+        lines, rules_boxes = turned
+        reading = Reading(lines, rules_boxes)
+        ink = None
     page = _Metrics.of(lines)
     lines = _attach_markers(lines, page)
     rules = [_Rule.of(box, page.em) for box in reading.rules]
@@ -100,6 +105,30 @@ def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
     ordered = _reading_order(regions, page)
     _column_edges(ordered, lines, reading.width)
     return "\n\n".join(_Builder(page, lines, ink).build(ordered))
+
+
+def _upright(lines: list[Line], rules: list[Box],
+             ) -> tuple[list[Line], list[Box]] | None:
+    """A page read with its lines running down or up (sideways text that tesseract reads
+    as it lies) in the frame of its text, lines running left to right; None when the
+    lines run across already."""
+    tall = wide = down = 0
+    for line in lines:
+        for t in line.tokens:
+            w, h = t.box[2] - t.box[0], t.box[3] - t.box[1]
+            if len(t.text) >= 3 and _ALNUM.search(t.text):
+                tall += h > 1.5 * w
+                wide += w > h
+        if len(line.tokens) >= 2:
+            down += 1 if line.tokens[-1].box[1] > line.tokens[0].box[1] else -1
+    if tall <= wide:
+        return None
+
+    def turn(b: Box) -> Box:  # a quarter turn back (running down) or forward (up)
+        return (b[1], -b[2], b[3], -b[0]) if down >= 0 else (-b[3], b[0], -b[1], b[2])
+
+    return ([Line([Token(t.text, turn(t.box), t.conf, t.spaced) for t in line.tokens],
+                  line.block, line.par) for line in lines], [turn(b) for b in rules])
 
 
 # -- measuring the page ------------------------------------------------------------------
@@ -572,7 +601,7 @@ def _column_edges(regions: list[_Region], lines: list[Line], width: int) -> None
         if not ends:
             continue
         edge = ends[(len(ends) * 9) // 10]
-        if r.column == page and width > margin:
+        if r.column == page and width > 0 and width > margin:
             edge = max(edge, round(width - margin))
         r.column = (r.column[0], edge)
 
@@ -1076,9 +1105,9 @@ def _bullet_shaped(mark: Token, words: list[Token], page: _Metrics) -> bool:
     if not (0.15 * em <= min(w, h) and max(w, h) <= 0.47 * em and
             max(w, h) <= 2.2 * min(w, h) and gap >= 0.28 * em):
         return False
-    baseline = _baseline(words)
+    baseline = _baseline(words[:4])  # near the mark: a skewed line climbs
     middle = (mark.box[1] + mark.box[3]) / 2
-    return baseline - 0.55 * em <= middle <= baseline - 0.05 * em
+    return baseline - 0.75 * em <= middle <= baseline - 0.05 * em
 
 
 def _deliberate(prev: _TextLine, line: _TextLine, column: tuple[int, int],

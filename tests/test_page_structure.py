@@ -351,3 +351,24 @@ def test_typed_lines_of_a_list_stay_lines_of_one_paragraph() -> None:
                 *typed(prose, 600, 2, one_par_each=False)])
     assert "|" not in md
     assert md.split("\n\n")[0] == "\\\n".join(RECIPE), md
+
+
+def test_a_page_read_on_its_side_has_the_structure_of_an_upright_one() -> None:
+    """Sideways text that tesseract reads as it lies comes with tall, narrow boxes:
+    the structure is found in the text's own frame (a quarter turn either way)."""
+    upright = [words_line("Quarterly report", 100, 150, em=2 * EM, block=1),
+               *paragraph_lines(BODY, 100, 300, 2),
+               *[words_line(f"• {t}", 100, 500 + 60 * k, block=3 + k)
+                 for k, t in enumerate(ITEMS)]]
+    want = md_of(upright)
+    assert want.startswith("# Quarterly report") and "- " + ITEMS[0] in want
+
+    def turned(box: tuple[int, int, int, int], down: bool) -> tuple[int, int, int, int]:
+        left, top, right, bottom = box
+        return (3000 - bottom, left, 3000 - top, right) if down else \
+            (top, 3000 - right, bottom, 3000 - left)
+
+    for down in (True, False):
+        lines = [Line([Token(t.text, turned(t.box, down), t.conf) for t in line.tokens],
+                      line.block, line.par) for line in upright]
+        assert md_of(lines) == want
