@@ -1088,7 +1088,8 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
         return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left)
     if (m := _ROMAN.fullmatch(text)) and m[2]:
         return _Marker("roman", m[1], 0, m[3], left, text_left)
-    if len(text) <= 2 and _bullet_shaped(first, tokens[1:], page):
+    if len(text) <= 2 and (sum(c.isalnum() for c in text) <= 1 or text in _BULLET_READINGS) \
+            and _bullet_shaped(first, tokens[1:], page):
         return _Marker("bullet", "", 0, "", left, text_left)
     return None
 
@@ -1099,7 +1100,7 @@ def _bullet_shaped(mark: Token, words: list[Token], page: _Metrics) -> bool:
     anywhere, not a one-letter word)."""
     if not any(_ALNUM.search(t.text) for t in words):
         return False
-    em = max(page.em, _line_em(Line(words)))  # the line's own type size
+    em = min(max(page.em, _line_em(Line(words))), 1.6 * page.em)  # the line's type size
     w, h = mark.box[2] - mark.box[0], mark.box[3] - mark.box[1]
     gap = words[0].box[0] - mark.box[2]
     if not (0.15 * em <= min(w, h) and max(w, h) <= 0.47 * em and

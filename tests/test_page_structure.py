@@ -372,3 +372,12 @@ def test_a_page_read_on_its_side_has_the_structure_of_an_upright_one() -> None:
         lines = [Line([Token(t.text, turned(t.box, down), t.conf) for t in line.tokens],
                       line.block, line.par) for line in upright]
         assert md_of(lines) == want
+
+
+def test_a_short_word_at_a_line_start_is_no_bullet() -> None:
+    """"It was the year …" with a wide gap after "It" (a scan's boxes): two letters are a
+    word, not a bullet read as letters."""
+    first = words_line("It", 100, 200)
+    rest = words_line("was the year of Our Lord one thousand seven hundred and", 160, 200)
+    md = md_of([Line(first.tokens + rest.tokens, 1, 1), *paragraph_lines(BODY, 100, 300, 2)])
+    assert md.startswith("It was the year"), md
