@@ -378,6 +378,8 @@ def test_a_short_word_at_a_line_start_is_no_bullet() -> None:
     """"It was the year …" with a wide gap after "It" (a scan's boxes): two letters are a
     word, not a bullet read as letters."""
     first = words_line("It", 100, 200)
-    rest = words_line("was the year of Our Lord one thousand seven hundred and", 160, 200)
-    md = md_of([Line(first.tokens + rest.tokens, 1, 1), *paragraph_lines(BODY, 100, 300, 2)])
+    rest = words_line("was the year of Our Lord one thousand seven hundred and", 190, 200)
+    tall = [Token(t.text, (t.box[0], t.box[3] - 60, t.box[2], t.box[3]), t.conf)
+            for t in rest.tokens]  # boxes that a skewed scan makes too tall
+    md = md_of([Line(first.tokens + tall, 2, 1), *paragraph_lines(BODY, 100, 252, 2)])
     assert md.startswith("It was the year"), md
