@@ -26,6 +26,7 @@ from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 from bench.remote_client import REMOTE_CASES  # noqa: E402
 from bench.structure import STRUCTURE_CASES  # noqa: E402
+from bench.worst_text import WORST_TEXT_CASES  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 RESULTS_HEADER = """# Benchmark results
@@ -101,6 +102,10 @@ def summary(r: Result) -> str:
                 f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
     if r.name.startswith("structure_"):
         return d.get("summary", "")
+    if r.name.startswith("worst_text_"):
+        return (f"loop blocked {d['blocked_ms']} ms at most (rounds {d['rounds_blocked_ms']}"
+                f", idle noise {d['rounds_idle_noise_ms']}), {d['answer_chars']:,} chars, "
+                f"{d['outcome']}")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
@@ -109,6 +114,7 @@ def summary(r: Result) -> str:
 CASES.update(CONSOLE_CASES)
 CASES.update(REMOTE_CASES)
 CASES.update(STRUCTURE_CASES)
+CASES.update(WORST_TEXT_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from structure_pages import shown
 
 from ocrd import page_structure
 from ocrd.markdown import escape_line, text_to_markdown
+from ocrd.modeltext import inert_markdown
 from ocrd.page_structure import Line, Reading, Token
 
 # -- the page's words, built by hand -------------------------------------------------------
@@ -57,7 +58,12 @@ def wrap(text: str, chars: int) -> list[str]:
 
 
 def md_of(lines: list[Line]) -> str:
-    return page_structure.to_markdown(Reading(lines))
+    """The page's Markdown as the engine hands it on: made inert as every engine's is
+    (ocrd/modeltext.py), which must leave what it shows as it is."""
+    md = page_structure.to_markdown(Reading(lines))
+    inert = inert_markdown(md)
+    assert shown(inert) == shown(md)
+    return inert
 
 
 BODY = wrap("Body text runs across the page in lines of ordinary words that fill the "
