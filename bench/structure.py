@@ -52,6 +52,7 @@ from structure_pages import (  # noqa: E402
 )
 
 from bench.cases import Result  # noqa: E402
+from bench.corpus import recall as corpus_recall  # noqa: E402
 from ocrd import modes, page_structure  # noqa: E402
 from ocrd.engines import tesseract_tsv  # noqa: E402
 from ocrd.engines.tesseract import pnm  # noqa: E402
@@ -173,15 +174,9 @@ def block_words(b: Shown) -> list[str]:
 
 
 def recall(truth: list[str], got: list[str]) -> float:
-    have: dict[str, int] = {}
-    for w in got:
-        have[w] = have.get(w, 0) + 1
-    hit = 0
-    for w in truth:
-        if have.get(w, 0) > 0:
-            have[w] -= 1
-            hit += 1
-    return hit / len(truth) if truth else 1.0
+    """Share of the truth's words found (as a multiset); 1 without any."""
+    found = corpus_recall(truth, got)
+    return 1.0 if found is None else found
 
 
 def lcs(a: list[str], b: list[str]) -> int:

@@ -98,9 +98,8 @@ def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
         ink = None
     page = _Metrics.of(lines)
     lines = _attach_markers(lines, page)
-    rules = [_Rule.of(box, page.em) for box in reading.rules]
-    rows = [r for r in rules if r is not None]
-    tables, used = _tables(lines, rows, page)
+    rules = [r for box in reading.rules if (r := _Rule.of(box, page.em)) is not None]
+    tables, used = _tables(lines, rules, page)
     regions = _regions(lines, used, tables, page)
     ordered = _reading_order(regions, page)
     _column_edges(ordered, lines, reading.width)
@@ -175,6 +174,8 @@ def _line_em(line: Line) -> float:
 
 @dataclass
 class _Metrics:
+    """The page's measures, from its body text."""
+
     em: float  # body text's font size, pixels
     space: float  # a word space, pixels
     pitch: float  # body text's line pitch, pixels
@@ -206,6 +207,9 @@ class _Metrics:
 
 @dataclass(frozen=True)
 class _Rule:
+    """A ruling line: across (under a table's header, between its rows) or down
+    (between its columns)."""
+
     box: Box
     vertical: bool
 
@@ -221,10 +225,6 @@ class _Rule:
     @property
     def x(self) -> float:
         return (self.box[0] + self.box[2]) / 2
-
-    @property
-    def y(self) -> float:
-        return (self.box[1] + self.box[3]) / 2
 
 
 def _marker_like(t: Token) -> bool:
@@ -371,9 +371,9 @@ def _rows(segments: list[_Segment]) -> list[_Row]:
 
 def _tables(lines: list[Line], rules: list[_Rule], page: _Metrics,
             ) -> tuple[list[Table], set[int]]:
-    """The page's tables and the lines they took; a `|` is a character of a cell, unless
-    only as a ruling line does it make a table of rows (a rule that tesseract read as
-    a character, between cells too close for their gap alone)."""
+    """The page's tables and the lines they took. A `|` read in a line is a character of
+    a cell; only where no table is found that way is it taken for a ruling line that
+    tesseract read as a character (between cells too close for their gap alone)."""
     big = {i for i, line in enumerate(lines) if _line_em(line) >= HEADING * page.em}
     tables, used = _find_tables(lines, rules, page, big, bars=False)
     more, taken = _find_tables(lines, rules, page, used | big, bars=True)
@@ -393,7 +393,7 @@ def _find_tables(lines: list[Line], rules: list[_Rule], page: _Metrics, skip: se
         j = i
         while j + 1 < len(rows) and _continues(rows[i:j + 1], rows[j + 1], rules, page):
             j += 1
-        found = _grid(rows[i:j + 1], lines, rules, page)
+        found = _grid(rows[i:j + 1], rules, page)
         if found is None:
             i += 1
             continue
@@ -426,7 +426,7 @@ def _continues(run: list[_Row], nxt: _Row, rules: list[_Rule], page: _Metrics) -
         max(pitches) <= 1.25 * min(pitches)
 
 
-def _grid(rows: list[_Row], lines: list[Line], rules: list[_Rule], page: _Metrics,
+def _grid(rows: list[_Row], rules: list[_Rule], page: _Metrics,
           ) -> tuple[Table, set[int]] | None:
     """The rows as a table, if their cells line up in columns; None otherwise."""
     box = _union(r.box for r in rows)
@@ -607,7 +607,8 @@ def _column_edges(regions: list[_Region], lines: list[Line], width: int) -> None
 
 
 def _order(regions: list[_Region], page: _Metrics, out: list[_Region],
-           column: tuple[int, int] | None) -> None:
+           column: tuple[int, int]) -> None:
+    """Append the regions to `out` in reading order, each with its column's edges."""
     if len(regions) <= 1:
         out.extend(_with_column(regions, column))
         return
@@ -622,19 +623,13 @@ def _order(regions: list[_Region], page: _Metrics, out: list[_Region],
                                 column))
         return
     groups = _merge_bands(bands, page)
-    for group in groups:
-        if len(groups) == 1:  # no progress possible: read the bands top to bottom
-            for band in bands:
-                _order(band, page, out, column)
-            return
+    for group in groups if len(groups) > 1 else bands:  # one group: no gutter after all
         _order(group, page, out, column)
 
 
-def _with_column(regions: list[_Region], column: tuple[int, int] | None,
-                 ) -> list[_Region]:
+def _with_column(regions: list[_Region], column: tuple[int, int]) -> list[_Region]:
     for r in regions:
-        if column is not None:
-            r.column = column
+        r.column = column
     return regions
 
 
@@ -686,7 +681,7 @@ class _Marker:
     delim: str  # "." or ")"
     left: int  # where the marker starts
     text_left: int  # where the item's words start
-    token: Token | None = None  # a bullet's character as read
+    token: Token | None = None  # the marker as read (None: not read at all)
 
 
 @dataclass
@@ -736,6 +731,12 @@ class _Builder:
         self._lines = lines
         self._ink = ink
         self.blocks: list[_Block] = []
+        # each of tesseract's paragraphs: its lines' type sizes
+        self._pars: dict[tuple[int, int], list[float]] = {}
+        for line in lines:
+            self._pars.setdefault((line.block, line.par), []).append(_line_em(line))
+        self._words = [t.box for line in lines if not _noise(line, page)
+                       for t in line.tokens]  # read as words (not dirt)
 
     def build(self, regions: list[_Region]) -> list[str]:
         prev: _TextLine | None = None
@@ -855,14 +856,10 @@ class _Builder:
                 and h <= 1.0 * em and solid and count >= 0.15 * max(1, w * h))
 
     def _words_in(self, zone: Box) -> bool:
-        for other in self._lines:
-            if _noise(other, self.page):
-                continue  # dirt, or the marker itself read as nothing sensible
-            for t in other.tokens:
-                if t.box[0] < zone[2] and zone[0] < t.box[2] and t.box[1] < zone[3] \
-                        and zone[1] < t.box[3]:
-                    return True
-        return False
+        """Whether a word lies in the zone (dirt, or a marker read as nothing sensible,
+        does not count)."""
+        return any(b[0] < zone[2] and zone[0] < b[2] and b[1] < zone[3] and zone[1] < b[3]
+                   for b in self._words)
 
     def _heading_sized(self, line: Line) -> bool:
         """A heading: a short line of large words, in a paragraph of such lines."""
@@ -870,10 +867,7 @@ class _Builder:
         if not 0 < len(sizes) <= MAX_HEADING_WORDS:
             return False
         em = self.page.em
-        if _line_em(line) < HEADING * em:
-            return False
-        return all(_line_em(other) >= HEADING * em for other in self._lines
-                   if (other.block, other.par) == (line.block, line.par))
+        return all(size >= HEADING * em for size in self._pars[(line.block, line.par)])
 
     # -- grouping ----------------------------------------------------------------------
 
@@ -889,7 +883,7 @@ class _Builder:
                 return
             self.blocks.append(_Block("heading", [line], level=line.heading, column=column))
             return
-        if line.marker is not None and self._dash_runs_on(cur, prev, line, column):
+        if line.marker is not None and self._marker_runs_on(cur, prev, line, column):
             assert line.marker.token is not None
             line.tokens.insert(0, line.marker.token)
             line.left, line.marker = line.marker.left, None
@@ -916,14 +910,16 @@ class _Builder:
             return
         self.blocks.append(_Block("paragraph", [line], column=column))
 
-    def _dash_runs_on(self, cur: _Block | None, prev: _TextLine | None, line: _TextLine,
-                      column: tuple[int, int]) -> bool:
-        """A dash that starts a line of running text after a full one: the sentence's
-        own dash, not a list's."""
+    def _marker_runs_on(self, cur: _Block | None, prev: _TextLine | None,
+                        line: _TextLine, column: tuple[int, int]) -> bool:
+        """A dash, or a number other than a list's first, that starts a line of running
+        text after a full one: the sentence's own ("… on page / 3. …"), not a list's."""
         marker = line.marker
-        return (marker is not None and marker.token is not None
-                and marker.token.text in "-–—" and cur is not None
-                and cur.kind == "paragraph" and prev is not None
+        if marker is None or not (
+                marker.token is not None and marker.token.text in "-–—"
+                or marker.kind in ("number", "letter", "roman") and marker.value != 1):
+            return False
+        return (cur is not None and cur.kind == "paragraph" and prev is not None
                 and prev.region == line.region
                 and abs(marker.left - prev.left) <= ALIGN * self.page.em
                 and not _deliberate(prev, line, column, self.page))
@@ -999,8 +995,7 @@ class _Builder:
         if prev.line.par != line.line.par:
             # tesseract makes a paragraph of every short line: lines of one line each,
             # without space or indent between them, are lines of one (kept as lines)
-            single = sum(1 for ln in self._lines if (ln.block, ln.par) ==
-                         (prev.line.block, prev.line.par)) == 1
+            single = len(self._pars[(prev.line.block, prev.line.par)]) == 1
             return abs(indent) < ALIGN * em and (single or not _deliberate(
                 prev, line, column, self.page))
         # a first-line indent after a short line starts a paragraph
@@ -1083,14 +1078,14 @@ def _marker(tokens: list[Token], page: _Metrics) -> _Marker | None:
     if text in BULLETS and gap > 0 and max(w, h) >= (0.2 if text in "-–—" else 0.15) * page.em:
         return _Marker("bullet", "", 0, "", left, text_left, first)
     if m := _NUMBER.fullmatch(text):
-        return _Marker("number", m[1], int(m[2]), m[3], left, text_left)
+        return _Marker("number", m[1], int(m[2]), m[3], left, text_left, first)
     if (m := _LETTER.fullmatch(text)) and (m[3] == ")" or gap >= 0.5 * page.em):
-        return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left)
+        return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left, first)
     if (m := _ROMAN.fullmatch(text)) and m[2]:
-        return _Marker("roman", m[1], 0, m[3], left, text_left)
+        return _Marker("roman", m[1], 0, m[3], left, text_left, first)
     if len(text) <= 2 and (sum(c.isalnum() for c in text) <= 1 or text in _BULLET_READINGS) \
             and _bullet_shaped(first, tokens[1:], page):
-        return _Marker("bullet", "", 0, "", left, text_left)
+        return _Marker("bullet", "", 0, "", left, text_left, first)
     return None
 
 

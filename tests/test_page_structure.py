@@ -389,3 +389,13 @@ def test_a_short_word_at_a_line_start_is_no_bullet() -> None:
             for t in rest.tokens]  # boxes that a skewed scan makes too tall
     md = md_of([Line(first.tokens + tall, 2, 1), *paragraph_lines(BODY, 100, 252, 2)])
     assert md.startswith("It was the year"), md
+
+
+def test_a_number_that_starts_a_line_of_running_text_is_no_list() -> None:
+    lines = paragraph_lines(["The figures for the year are given in the appendix, on page",
+                             "3. The totals there include the taxes paid by the office in"],
+                            100, 100, 1)
+    lines.append(words_line("the spring.", 100, 100 + 2 * 52))
+    md = md_of(lines)
+    assert md == ("The figures for the year are given in the appendix, on page 3. The "
+                  "totals there include the taxes paid by the office in the spring."), md
