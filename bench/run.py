@@ -25,6 +25,7 @@ from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 from bench.remote_client import REMOTE_CASES  # noqa: E402
+from bench.structure import STRUCTURE_CASES  # noqa: E402
 from bench.worst_text import WORST_TEXT_CASES  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
@@ -105,6 +106,8 @@ def summary(r: Result) -> str:
         return (f"{crowd['pages_per_s']:.2f} pages/s with {crowd['crowd']['connections']} "
                 f"idle connections vs {idle:.2f} idle, descriptors {d['nofile']}, "
                 f"{crowd['crowd']['closed_by_server']} connections closed by the console")
+    if r.name.startswith("structure_"):
+        return d.get("summary", "")
     if r.name.startswith("worst_text_"):
         return (f"loop blocked {d['blocked_ms']} ms at most (rounds {d['rounds_blocked_ms']}"
                 f", idle noise {d['rounds_idle_noise_ms']}), {d['answer_chars']:,} chars, "
@@ -116,6 +119,7 @@ def summary(r: Result) -> str:
 
 CASES.update(CONSOLE_CASES)
 CASES.update(REMOTE_CASES)
+CASES.update(STRUCTURE_CASES)
 CASES.update(WORST_TEXT_CASES)
 
 

@@ -134,15 +134,25 @@ def text_blocks(raw: str) -> list[tuple[str | None, list[tuple[float, ...]], str
 
 
 def text_to_markdown(text: str) -> str:
-    """Turn plain OCR text (tesseract) into Markdown that renders as the same plain text.
-
-    Line starts that Markdown would read as structure (headings, quotes, lists, tables, rules,
-    code fences, HTML) are escaped with a backslash; the words themselves are not changed.
-    """
+    """Turn plain OCR text into Markdown that renders as the same plain text: each line
+    through `escape_line`, the one escaping rule; blank lines between paragraphs kept."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\f", "\n").replace("\v", "\n")
-    # Leading blanks are dropped because four of them would start an indented code block.
-    lines = [_escape_line_start(line.strip()) for line in text.split("\n")]
+    lines = [escape_line(line) for line in text.split("\n")]
     return _BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip("\n")
+
+
+def escape_line(text: str) -> str:
+    """A line of the page's text as Markdown that renders as exactly that text: one
+    physical line (a paragraph, a list item's or a heading's words, a table cell).
+
+    Everywhere: the characters that open inline markup in CommonMark, GFM or the usual
+    editors (backslash, backtick, `* _ [ ] | ~ $`), `<` before a tag, comment or
+    autolink, and `&` before an entity. At the line's start: what Markdown would read
+    as structure (headings, quotes, list markers, rules, setext underlines). Leading
+    blanks are dropped (four of them would start a code block); the words themselves
+    are not changed.
+    """
+    return _escape_line_start(_INLINE.sub(r"\\\g<0>", text.strip()))
 
 
 def _strip_special_tokens(raw: str) -> tuple[str, bool]:
@@ -389,15 +399,15 @@ def _tidy(markdown: str) -> str:
     return _BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip("\n")
 
 
+_INLINE = re.compile(r"[\\`*_\[\]|~$]|<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
 _NUMBERED = re.compile(r"(\d{1,9})([.)])(?=[ \t]|$)")
+# what is left to read as structure at a line's start once _INLINE has escaped its marks
 _STRUCTURE = re.compile(
     r"""
-      [#>|]                      # heading, block quote, table row
-    | [-*+](?=[ \t]|$)           # bullet
-    | ```|~~~                    # code fence
-    | <[A-Za-z/!?]               # HTML block
+      [#>]                       # heading, block quote
+    | [-+](?=[ \t]|$)            # bullet
     | [=-]+[ \t]*$               # setext underline
-    | (?:[-*_][ \t]*){3,}$       # thematic break
+    | (?:-[ \t]*){3,}$           # thematic break
     """,
     re.VERBOSE,
 )

@@ -98,3 +98,35 @@ def render_grey(page: Any, dpi: float, one_bit: bool) -> tuple[int, int, bytearr
     finally:
         bitmap.close()
     return width, height, out, mode
+
+
+_DARK = [255 if v < 128 else 0 for v in range(256)]
+
+
+def dark_box(image: Image.Image, box: tuple[int, int, int, int],
+             ) -> tuple[tuple[int, int, int, int], int] | None:
+    """Where the dark pixels inside `box` of the image lie (page coordinates) and how
+    many there are; None without any."""
+    left, top, right, bottom = box
+    left, top = max(0, left), max(0, top)
+    right, bottom = min(image.width, right), min(image.height, bottom)
+    if right <= left or bottom <= top:
+        return None
+    crop = image.crop((left, top, right, bottom))
+    crop = crop if crop.mode == "L" else crop.convert("L")
+    dark = crop.point(_DARK)
+    found = dark.getbbox()
+    if found is None:
+        return None
+    return ((left + found[0], top + found[1], left + found[2], top + found[3]),
+            dark.histogram()[255])
+
+
+def band_image(mode: str, width: int, height: int, data: bytes | bytearray,
+               top: int, bottom: int) -> Image.Image:
+    """Rows top..bottom of a packed page as an image (only those rows unpacked)."""
+    top, bottom = max(0, top), min(height, bottom)
+    stride = row_bytes(mode, width)
+    rows = bytes(data[top * stride:bottom * stride])
+    raw = {"1": "1;I", "L": "L", "RGB": "RGB"}[mode]
+    return Image.frombytes(mode, (width, max(0, bottom - top)), rows, "raw", raw)

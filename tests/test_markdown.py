@@ -6,11 +6,14 @@ The raw strings below are written in the model's real output format (special tok
 from __future__ import annotations
 
 import random
+import re
+from html import escape as html_escape
 
 import pytest
 from PIL import Image, ImageDraw
 
 from ocrd.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
+from ocrd.web.render import to_html
 
 EOS = "<｜end▁of▁sentence｜>"
 BOS = "<｜begin▁of▁sentence｜>"
@@ -581,21 +584,30 @@ def test_well_formed_output_is_never_flagged_malformed() -> None:
         ("1. first", "1\\. first"),
         ("2024. A good year", "2024\\. A good year"),
         ("3) third", "3\\) third"),
-        ("| a | b |", "\\| a | b |"),
+        ("| a | b |", "\\| a \\| b \\|"),
         ("===", "\\==="),
         ("---", "\\---"),
         ("--", "\\--"),
-        ("***", "\\***"),
-        ("___", "\\___"),
+        ("***", "\\*\\*\\*"),
+        ("___", "\\_\\_\\_"),
         ("- - -", "\\- - -"),
-        ("```python", "\\```python"),
-        ("~~~", "\\~~~"),
+        ("```python", "\\`\\`\\`python"),
+        ("~~~", "\\~\\~\\~"),
         ("<div>", "\\<div>"),
         ("    # indented heading", "\\# indented heading"),
+        # inline markup anywhere in the line, not only at its start
+        ("*emphasis* mid-sentence", "\\*emphasis\\* mid-sentence"),
+        ("see [a](b) and <b>c</b>", "see \\[a\\](b) and \\<b>c\\</b>"),
+        ("a `tick`, ~strike~, $math$ and &amp;",
+         "a \\`tick\\`, \\~strike\\~, \\$math\\$ and \\&amp;"),
     ],
 )
 def test_text_escapes_accidental_markdown_structure(line: str, escaped: str) -> None:
     assert text_to_markdown(f"Intro\n\n{line}\n\nOutro") == f"Intro\n\n{escaped}\n\nOutro"
+    # and the console shows exactly the line's text
+    html = to_html(f"Intro\n\n{escaped}\n\nOutro")
+    assert html.count("<p>") == 3 and re.sub(r"<[^>]+>", "", html).split("\n")[1] == \
+        html_escape(line.strip(), quote=False)
 
 
 @pytest.mark.parametrize(
@@ -603,7 +615,6 @@ def test_text_escapes_accidental_markdown_structure(line: str, escaped: str) -> 
     [
         "Plain sentence.",
         "-5 degrees below zero",
-        "*emphasis* mid-sentence is left to the reader",
         "1.5 litres",
         "12.50 EUR",
         "== Section ==",

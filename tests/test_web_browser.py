@@ -219,3 +219,58 @@ def test_script_in_model_output_is_shown_as_text_and_never_runs(browser, tmp_pat
     finally:
         daemon.stop()
         server.stop()
+
+
+STRUCTURE_PAGES = {"structure-table": ("table_unruled", 1), "structure-ruled-table":
+                   ("table_ruled", 2), "structure-list": ("lists", 1),
+                   "structure-headings": ("headings", 1), "structure-columns":
+                   ("two_column", 5), "structure-prose": ("prose", 1)}
+
+
+def test_review_shows_the_page_structure(browser, tmp_path: Path) -> None:
+    """Pages drawn with a known structure (tests/structure_pages.py) through the daemon
+    (tesseract): the review shows each structure as HTML — a table's cells, a list's
+    items, headings, columns read in order. Screenshots: structure-*.png."""
+    from selenium.webdriver.common.by import By
+    from structure_pages import make_page, truth_blocks
+
+    daemon, base = console_daemon(tmp_path)
+    daemon.start()
+    try:
+        pages = {}
+        for name, (kind, seed) in STRUCTURE_PAGES.items():
+            page = pages[name] = make_page(kind, seed)
+            (tmp_path / f"{name}.pdf").write_bytes(page.pdf)
+            drop(tmp_path / f"{name}.pdf", daemon.inbox / f"{name}.pdf")
+        wait_for(lambda: all((daemon.outbox / f"{n}.md").exists() for n in pages), 300,
+                 "all converted")
+        for name, page in pages.items():
+            browser.get(base + f"/files?q={name}")
+            browser.find_element(By.LINK_TEXT, f"{name}.pdf").click()
+            wait_for(lambda n=name: n in text_of(browser, "#file-name"), 10, "review")
+            truth = truth_blocks(page)
+            cells = browser.execute_script(
+                "return Array.from(document.querySelectorAll('#page-1 .markdown tr'))"
+                ".map(r => Array.from(r.children).map(c => c.innerText.trim()));")
+            items = text_of(browser, "#page-1 .markdown li").split("\n")
+            heads = text_of(browser, "#page-1 .markdown h1, #page-1 .markdown h2")
+            shown = text_of(browser, "#page-1 .markdown")
+            for block in truth:
+                if block.kind == "table":
+                    assert cells == block.rows, (name, cells)
+                elif block.kind == "item":
+                    assert any(block.text in it for it in items), (name, block.text, items)
+                elif block.kind == "heading":
+                    assert block.text in heads.split("\n"), (name, block.text, heads)
+            if name == "structure-columns":  # paragraphs in reading order
+                at = [shown.find(b.text[:40]) for b in truth if b.kind == "paragraph"]
+                assert -1 not in at and at == sorted(at), (at, shown)
+            section = browser.find_element(By.CSS_SELECTOR, "#page-1")
+            browser.execute_script("arguments[0].scrollIntoView();", section)
+            img = browser.find_element(By.CSS_SELECTOR, "#page-1 img.preview")
+            wait_for(lambda img=img: browser.execute_script(
+                "return arguments[0].complete && arguments[0].naturalWidth > 0;", img), 10,
+                "page image loaded")
+            shot(browser, name)
+    finally:
+        daemon.stop()

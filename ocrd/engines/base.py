@@ -87,9 +87,10 @@ class Engine(abc.ABC):
     model: str = ""
     # What `ocr()` returns, and so how `page_markdown` reads it: "grounding":
     # DeepSeek-OCR-2's tag stream (deepseek_ocr2.OUTPUT_FORMAT), figures cropped from the
-    # page image; "text": plain text that is Markdown already. An engine with a grounding
-    # format also follows the inbox's prompt mode.
-    output_format: Literal["grounding", "text"] = "text"
+    # page image; "markdown": the page's Markdown, made by the engine (tesseract, from
+    # its layout: ocrd/page_structure.py); "text": plain text, escaped so that it reads
+    # as itself. An engine with a grounding format also follows the inbox's prompt mode.
+    output_format: Literal["grounding", "markdown", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
     # The resolution it reads best (ocrd/resolution.py): born-digital pages at
@@ -138,6 +139,8 @@ class Engine(abc.ABC):
         linked under `assets_link`."""
         if self.output_format == "grounding":
             page = grounding_to_markdown(text, image, page_no, assets_link)
+        elif self.output_format == "markdown":
+            page = PageMarkdown(text)
         else:
             page = PageMarkdown(text_to_markdown(text))
         page.markdown = inert_markdown(page.markdown)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import time
 from dataclasses import replace
@@ -21,11 +20,11 @@ from typing import Any
 import structlog
 from PIL import Image
 
-from .. import modes
+from .. import modes, page_structure
 from ..config import EngineConfig
 from ..errors import EngineDead
 from . import orientation, tesseract_tsv
-from .base import Engine, PageOutput, PageRequest
+from .base import Engine, PageOutput, PageRequest, Word
 
 log = structlog.get_logger("ocrd.engine.tesseract")
 
@@ -34,7 +33,7 @@ FEED_BYTES = 1 << 20  # written to tesseract's stdin at a time
 
 class TesseractEngine(Engine):
     kind = "tesseract"
-    output_format = "text"
+    output_format = "markdown"  # the page's structure, from tesseract's layout
     # tesseract is trained on ~300 dpi text (at 144 dpi it loses accents); a scan keeps
     # its own resolution down to 200 dpi (upscaling it costs time and finds nothing more)
     render_dpi = 300
@@ -82,8 +81,9 @@ class TesseractEngine(Engine):
     async def ocr(self, page: PageRequest) -> PageOutput:
         async with self._slots:
             started, t0 = time.time(), time.monotonic()
-            tsv = await self._read(page, _pnm_parts(page))
+            tsv, text = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
+            turned_image = None
             if self.orientation and tesseract_tsv.doubtful(tsv):
                 # an upside-down page reads as confident-less garbage (a sideways one
                 # tesseract reads as it lies): ask OSD, keep the better reading
@@ -93,25 +93,30 @@ class TesseractEngine(Engine):
                     turned = replace(page, image=orientation.turn(_image(page), angle),
                                      rendered=None)
                     again = await self._read(page, _pnm_parts(turned))
-                    if tesseract_tsv.confidence(again) > tesseract_tsv.confidence(tsv):
-                        tsv, rotation = again, angle
-        text, words = tesseract_tsv.parse(tsv)
-        text = _clean(text)
+                    if tesseract_tsv.confidence(again[0]) > tesseract_tsv.confidence(tsv):
+                        (tsv, text), rotation = again, angle
+                        turned_image = turned.image
+        # layout analysis is CPU work: off the event loop
+        reading, text, words = await asyncio.to_thread(_structure, page, tsv, text,
+                                                       turned_image)
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
             words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
-        return PageOutput(text=text, finish_reason="stop", tokens=len(text.split()),
+        return PageOutput(text=text, finish_reason="stop",
+                          tokens=sum(len(line.tokens) for line in reading.lines),
                           seconds=time.monotonic() - t0, started_at=started,
                           finished_at=time.time(), rotation=rotation, words=words)
 
-    async def _read(self, page: PageRequest, image: tuple[bytes, bytes | bytearray]) -> str:
-        """tesseract's TSV for the page: the text and every word's box from one run (the
-        searchable PDF's layer) and each word's confidence."""
+    async def _read(self, page: PageRequest,
+                    image: tuple[bytes, bytes | bytearray]) -> tuple[str, str]:
+        """tesseract's TSV and text for the page from one run: every word with its box
+        and confidence in its block, paragraph and line (the Markdown's structure, the
+        searchable PDF's layer), and where the words have spaces between them."""
         args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
         if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
             args += ["--dpi", str(round(page.dpi))]
-        out = await self._tesseract(image, [*args, "tsv"])
-        return out.decode("utf-8", errors="replace")
+        out = await self._tesseract(image, [*args, "tsv", "txt"])
+        return tesseract_tsv.split(out.decode("utf-8", errors="replace"))
 
     async def _tesseract(self, image: tuple[bytes, bytes | bytearray],
                          args: list[str]) -> bytes:
@@ -162,6 +167,28 @@ def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
     return modes.pnm_header(image.mode, image.width, image.height), data
 
 
+def _ink(page: PageRequest, turned: Image.Image | None) -> page_structure.Ink:
+    """Where the page tesseract read has dark pixels: for list markers it did not read."""
+    image = turned if turned is not None else page.image
+    if image is not None or page.rendered is None:
+        assert image is not None
+        return lambda box: modes.dark_box(image, box)
+    rendered = page.rendered
+
+    def ink(box: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int] | None:
+        top = max(0, box[1])
+        band = modes.band_image(rendered.mode, rendered.width, rendered.height,
+                                rendered.data, top, box[3])
+        if band.height == 0:
+            return None
+        dark = modes.dark_box(band, (box[0], 0, box[2], band.height))
+        if dark is None:
+            return None
+        (left, y0, right, y1), count = dark
+        return (left, y0 + top, right, y1 + top), count
+    return ink
+
+
 def _size(page: PageRequest) -> tuple[int, int]:
     if page.rendered is not None:
         return page.rendered.width, page.rendered.height
@@ -205,6 +232,10 @@ def pnm(image: Image.Image) -> bytes:
     return header + bytes(data)
 
 
-def _clean(text: str) -> str:
-    text = text.replace("\f", "\n")
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
+def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None
+               ) -> tuple[page_structure.Reading, str, list[Word]]:
+    """tesseract's reading of a page, its Markdown with the page's structure, and the
+    words of the searchable PDF's text layer."""
+    reading = tesseract_tsv.read(tsv, text)
+    return (reading, page_structure.to_markdown(reading, _ink(page, turned)),
+            tesseract_tsv.layer_words(reading))

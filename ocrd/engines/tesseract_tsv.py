@@ -1,55 +1,163 @@
-"""tesseract's TSV output → the page's text and its words with their boxes.
+"""tesseract's TSV output (with its text output after it) → the page as read: its lines
+of words with boxes and confidences, in tesseract's blocks and paragraphs, and the ruling
+lines it found; from that, the words of the searchable PDF's text layer.
 
-The engine asks tesseract for TSV instead of plain text: one run gives both. The text is
-rebuilt as tesseract's own text output lays it out (words of a line joined by spaces,
-lines by a newline, paragraphs and blocks by a blank line).
+The engine asks tesseract for TSV and text from one run. The TSV has the geometry; the
+text says where tesseract found a space between two words — which only matters where
+Chinese or Japanese is involved: those run on without spaces, and the TSV lists each
+character or word of them apart.
 """
 
 from __future__ import annotations
 
+from .. import cjk
+from ..page_structure import Line, Reading, Token
 from .base import Word
 
 _WORD_LEVEL = "5"
 _COLUMNS = 12  # level page block par line word left top width height conf text
+_HEADER = "level\tpage_num\t"
 # Mean word confidence below which a page's reading is doubtful: an upside-down page
 # reads as ~35, a good one 90-95 (OCRmyPDF's cardinal.pdf at 300 dpi).
 DOUBTFUL_BELOW = 65.0
 
 
-def parse(tsv: str) -> tuple[str, list[Word]]:
-    words: list[Word] = []
-    paragraphs: list[list[list[str]]] = []  # paragraph → lines → words
-    last_par = last_line = None
+def split(out: str) -> tuple[str, str]:
+    """tesseract's output for `tsv txt` → (the TSV, the text): the TSV comes first, its
+    rows all have 12 columns, and the text has no tabs."""
+    lines = out.split("\n")
+    start = next((k for k, ln in enumerate(lines) if ln.startswith(_HEADER)), None)
+    if start is None:
+        return "", out
+    end = start + 1
+    while end < len(lines) and lines[end].count("\t") >= _COLUMNS - 1:
+        end += 1
+    return "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])
+
+
+def _rows(tsv: str, levels: tuple[str, ...] = (_WORD_LEVEL,)) -> list[list[str]]:
+    rows = []
     for row in tsv.splitlines()[1:]:
         cols = row.split("\t", _COLUMNS - 1)
-        if len(cols) < _COLUMNS or cols[0] != _WORD_LEVEL:
-            continue
-        text = cols[11].strip()
-        if not text:
+        if len(cols) == _COLUMNS and cols[0] in levels:
+            rows.append(cols)
+    return rows
+
+
+def read(tsv: str, text: str = "") -> Reading:
+    """The page as tesseract read it. `text`, its text output of the same run, gives the
+    spaces between words (else: none between CJK characters, one elsewhere)."""
+    lines: list[Line] = []
+    rules: list[tuple[int, int, int, int]] = []
+    last = None
+    page_width = 0
+    for cols in _rows(tsv, levels=("1", _WORD_LEVEL)):
+        if cols[0] == "1":  # the page
+            page_width = _int(cols[8])
             continue
         try:
             left, top, width, height = (int(v) for v in cols[6:10])
+            conf = float(cols[10])
         except ValueError:
             continue
-        par, line = (cols[2], cols[3]), (cols[2], cols[3], cols[4])
-        if par != last_par:
+        box = (left, top, left + width, top + height)
+        word = cols[11].strip()
+        if not word:
+            rules.append(box)  # a ruling line: a "word" of no text
+            continue
+        key = (cols[2], cols[3], cols[4])
+        if key != last:
+            lines.append(Line([], _int(cols[2]), _int(cols[3])))
+            last = key
+        lines[-1].tokens.append(Token(word, box, conf))
+    _space(lines, text)
+    return Reading(lines, rules, page_width)
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def _space(lines: list[Line], text: str) -> None:
+    """Mark the words written without a space before them. tesseract's text lists the
+    same words in the same order; where that stops holding (right-to-left lines are
+    reordered there), the script's rule decides."""
+    pos, aligned = 0, bool(text)
+    for line in lines:
+        for k, tok in enumerate(line.tokens):
+            gap = False
+            if aligned:
+                start = pos
+                while pos < len(text) and text[pos].isspace():
+                    pos += 1
+                gap = pos > start
+                if text.startswith(tok.text, pos):
+                    pos += len(tok.text)
+                else:
+                    aligned = False
+            if k == 0:
+                continue
+            before = line.tokens[k - 1].text
+            if not cjk.touches(before, tok.text):
+                continue  # between words of other scripts, always the space
+            spaced = gap if aligned else not cjk.tight(before, tok.text)
+            if not spaced:
+                line.tokens[k] = Token(tok.text, tok.box, tok.conf, spaced=False)
+
+
+def layer_words(reading: Reading) -> list[Word]:
+    """The words for the text layer: each over its box, except that words written
+    without a space between them (CJK) are one word over their joint box, so that a
+    PDF reader finds the phrase."""
+    words: list[Word] = []
+    for line in reading.lines:
+        run: list[Token] = []
+        for tok in line.tokens:
+            if run and tok.spaced:
+                words.append(_word(run))
+                run = []
+            run.append(tok)
+        if run:
+            words.append(_word(run))
+    return words
+
+
+def _word(run: list[Token]) -> Word:
+    text = "".join(t.text for t in run)
+    boxes = [t.box for t in run]
+    return Word(text, (min(b[0] for b in boxes), min(b[1] for b in boxes),
+                       max(b[2] for b in boxes), max(b[3] for b in boxes)))
+
+
+def plain_text(reading: Reading) -> str:
+    """The page's text as tesseract's text output lays it out: words of a line joined
+    (by a space where the page has one), lines by a newline, paragraphs and blocks by a
+    blank line."""
+    paragraphs: list[list[str]] = []
+    last = None
+    for line in reading.lines:
+        if (line.block, line.par) != last:
             paragraphs.append([])
-            last_par, last_line = par, None
-        if line != last_line:
-            paragraphs[-1].append([])
-            last_line = line
-        paragraphs[-1][-1].append(text)
-        words.append(Word(text, (left, top, left + width, top + height)))
-    text = "\n\n".join("\n".join(" ".join(line) for line in par) for par in paragraphs)
-    return text, words
+            last = (line.block, line.par)
+        paragraphs[-1].append("".join((" " if k and t.spaced else "") + t.text
+                                      for k, t in enumerate(line.tokens)))
+    return "\n\n".join("\n".join(par) for par in paragraphs)
+
+
+def parse(tsv: str) -> tuple[str, list[Word]]:
+    """The page's plain text and its words for the text layer, from the TSV alone."""
+    reading = read(tsv)
+    return plain_text(reading), layer_words(reading)
 
 
 def confidence(tsv: str) -> float:
     """The mean confidence (0-100) of the page's words; 0 without words."""
     total = count = 0.0
-    for row in tsv.splitlines()[1:]:
-        cols = row.split("\t", _COLUMNS - 1)
-        if len(cols) < _COLUMNS or cols[0] != _WORD_LEVEL or not cols[11].strip():
+    for cols in _rows(tsv):
+        if not cols[11].strip():
             continue
         try:
             conf = float(cols[10])
