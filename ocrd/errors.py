@@ -96,6 +96,14 @@ class TooManyAttempts(OcrdError):
     reason = "too_many_attempts"
 
 
+# Every reason a failed file can carry (error.json's `reason`; README, "Failure reasons"):
+# the classes' above, and those the daemon gives without raising one.
+REASONS: tuple[str, ...] = (
+    "empty", "truncated", "damaged", "unsupported_format", "encrypted", "too_many_pages",
+    "too_large", "unreadable", "not_a_regular_file", "render_failed", "engine_failed",
+    "too_many_attempts", "vanished", "not_claimed", "output_failed", "internal_error")
+
+
 # Not failures of a file: conditions of the engine that the daemon waits out or dies of.
 
 

@@ -293,7 +293,7 @@ inboxes:
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "inboxes.0.quiet_secnds" in lines[0] and "3" in lines[0]
+    assert "inboxes[0].quiet_secnds" in lines[0] and "3" in lines[0]
 
     missing = tmp_path / "missing.yaml"
     missing.write_text(f"""
