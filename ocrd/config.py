@@ -74,7 +74,8 @@ class InboxConfig(_Strict):
         "Where files that could not be converted go, each with NAME.error.json saying "
         "why (`ocrd retry` puts them back)."))
     archive: Path | None = Field(None, description=(
-        "Where originals go once their Markdown is written."))
+        "Where originals go once their Markdown is written; left out, they stay in the "
+        "inbox (see on_success)."))
     on_success: Literal["archive", "delete", "keep"] | None = Field(None, description=(
         "What becomes of an original once its Markdown is written: `archive` (moved to "
         "the archive folder), `delete`, or `keep` (left in the inbox, converted again "
