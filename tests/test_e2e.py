@@ -8,13 +8,13 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from daemon_process import ocrd_command, ocrd_env
 from helpers import (
     Daemon,
     claimed_files,
@@ -181,8 +181,8 @@ def test_sigkill_mid_conversion_then_restart_converts_exactly_once(tmp_path: Pat
     assert claimed_files(d.inbox) == []
     meta = json.loads((d.outbox / "book.json").read_text())
     assert meta["page_count"] == 8 and [p["page"] for p in meta["pages"]] == list(range(1, 9))
-    out = subprocess.run([sys.executable, "-m", "ocrd", "status", "-c", str(d.config_path),
-                          "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([*ocrd_command(), "status", "-c", str(d.config_path), "--json"],
+                         capture_output=True, text=True, check=True, env=ocrd_env())
     counts = json.loads(out.stdout)["counts"]
     assert counts == {"done": 1}
 
@@ -266,15 +266,15 @@ def test_a_file_ocrd_may_not_read_lands_in_failed_as_unreadable(tmp_path: Path) 
     assert files_under(d.outbox) == ["good.json", "good.md"]
     kept.chmod(0)
     private.chmod(0o700)  # pytest's clean-up
-    r = subprocess.run([*prefix, sys.executable, "-m", "ocrd", "convert", str(kept), "-o",
+    r = subprocess.run([*prefix, *ocrd_command(), "convert", str(kept), "-o",
                         str(tmp_path / "out"), "--engine", "tesseract"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=ocrd_env())
     assert r.returncode == 3 and "unreadable" in r.stderr, (r.returncode, r.stderr)
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ocrd", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+    return subprocess.run([*ocrd_command(), *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, env=ocrd_env())
 
 
 def test_check_config_names_the_bad_key_and_the_missing_inbox(tmp_path: Path) -> None:
