@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -212,11 +213,21 @@ def test_bad_files_land_in_failed_with_reasons_and_daemon_keeps_going(tmp_path: 
         drop(good, d.inbox / "good.pdf")
         wait_for(lambda: (d.outbox / "good.md").exists(), 60, "good.md after the bad files")
         assert d.proc is not None and d.proc.poll() is None
+        # what `ocrd status --json` says meanwhile: whole numbers, ISO 8601 times
+        status = json.loads(subprocess.run(
+            [*ocrd_command(), "status", "--json", "-c", str(d.config_path)],
+            capture_output=True, text=True, check=True, env=ocrd_env()).stdout)
+        live = status["daemon"]
+        assert live["ready"] is True and live["files_ok"] == 1 and live["files_failed"] == 5, live
+        assert all(type(v) is int for k, v in live.items() if k != "ready"), live
+        assert status["counts"] == {"done": 1, "failed": 5}
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", f["finished"])
+                   for f in status["recent_failures"]), status["recent_failures"]
 
     for name, reason in expected.items():
         err = json.loads((d.failed / f"{name}.error.json").read_text())
         assert err["reason"] == reason, (name, err)
-        assert len(err["message"]) > 10
+        assert len(err["message"]) > 10 and "b'" not in err["message"]
         assert (d.failed / name).read_bytes() == bad[name]  # the original, untouched
     assert "qpdf --decrypt" in json.loads((d.failed / "locked.pdf.error.json").read_text())[
         "message"]
