@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -186,6 +187,23 @@ def test_sigkill_mid_conversion_then_restart_converts_exactly_once(tmp_path: Pat
                          capture_output=True, text=True, check=True, env=ocrd_env())
     counts = json.loads(out.stdout)["counts"]
     assert counts == {"done": 1}
+
+
+def test_ctrl_c_stops_the_daemon_without_tracebacks(tmp_path: Path) -> None:
+    """Ctrl-C in the terminal where `ocrd run` (or scripts/run-local) runs reaches its
+    whole process group, render workers included: the daemon stops as on SIGTERM, and
+    nobody prints a KeyboardInterrupt traceback."""
+    d = Daemon(tmp_path / "d")
+    with d:
+        d.start()
+        drop(make_pdf(tmp_path / "a.pdf", [sentence_lines(5, 3)]), d.inbox / "a.pdf")
+        wait_for(lambda: (d.outbox / "a.md").exists(), 60, "a.md")
+        assert d.events("page_rendered") or d.events("page_done")  # workers are running
+        os.killpg(d.pid, signal.SIGINT)
+        assert d.proc is not None and d.proc.wait(60) == 0
+    log = d.log_text()
+    assert d.event("stopped") is not None, log[-2000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
 
 
 def test_bad_files_land_in_failed_with_reasons_and_daemon_keeps_going(tmp_path: Path) -> None:

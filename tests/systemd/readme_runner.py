@@ -157,7 +157,7 @@ def quick_start() -> None:
     code, text, headers = http(url + f"files/{failed}/retry", form)
     r["retry"] = {"status": code, "location": headers.get("location"), "body": text[-500:]}
     r["rc_after_ctrl_c"] = first.interrupt()
-    r["output"] = first.text()[-6000:]
+    r["output"] = first.text()
 
     second = Background(start, OUT / "run-local-2.log")
     second.wait_for_line(r"Open the console in a browser: http://\S+", 300)

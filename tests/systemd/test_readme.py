@@ -103,7 +103,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         cannot_run(f"the container did not boot (exit {rc}):\n{console[-3000:]}")
     results = json.loads((out / "results.json").read_text()) \
         if (out / "results.json").exists() else {"error": "no results.json"}
-    print(json.dumps(results, indent=2)[:20000])
+    print(json.dumps(results, indent=2)[-20000:])
     return Run(results, console)
 
 
