@@ -161,6 +161,7 @@ def quick_start() -> None:
 
     second = Background(start, OUT / "run-local-2.log")
     second.wait_for_line(r"Open the console in a browser: http://\S+", 300)
+    wait(lambda: http(url + "api/status")[0] == 200, 120, "the console, started again")
     r["second_start_seconds"] = round(time.monotonic() - second.t0, 1)
     r["second_output"] = second.text()[-4000:]
     r["rc_after_second_ctrl_c"] = second.interrupt()
@@ -186,6 +187,8 @@ def service() -> None:
     r["status"] = run_line("/opt/ocrd/bin/ocrd status", CHECKOUT)
     r["owner"] = run_line("stat -c '%U:%G' /srv/scans/markdown/scan_0042.md",
                           CHECKOUT)["out"].strip()
+    r["warnings"] = run_line("journalctl --no-pager --output=cat -p warning -u ocrd",
+                             CHECKOUT)["out"].strip()
 
 
 def main() -> None:
@@ -202,8 +205,7 @@ def main() -> None:
         say(results["traceback"])
     finally:
         with open(OUT / "journal.log", "w") as f:
-            subprocess.run(["journalctl", "--boot", "--no-pager", "--unit=ocrd.service"],
-                           stdout=f, timeout=60)
+            subprocess.run(["journalctl", "--boot", "--no-pager"], stdout=f, timeout=60)
         (OUT / "results.json").write_text(json.dumps(results, indent=2))
 
 

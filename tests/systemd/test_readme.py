@@ -160,3 +160,5 @@ def test_the_service_install_runs_as_written_and_a_dropped_file_comes_out(run: R
     # the example config's modes, in the folders systemd/ocrd.tmpfiles made
     assert r["owner"] == "ocrd:scans" and converted["mode"] == "0o660", (r["owner"], converted)
     assert r["status"]["rc"] == 0 and "done 1" in r["status"]["out"], r["status"]
+    # nothing went wrong on the way (a folder ocrd could not make, say)
+    assert r["warnings"] in ("", "-- No entries --"), r["warnings"]
