@@ -177,18 +177,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     if checked.listed == 0:
         problems.append("inboxes: no inbox is configured; the daemon would have nothing to do")
     cfg = checked.config
+    engine = ""
     if cfg is not None:
         problems += check_folders(cfg, checked.numbers) + _check_secrets_and_listen(cfg)
+        try:
+            engine = _engine_chosen(cfg)
+        except ConfigError as e:
+            problems += e.problems
     problems = list(dict.fromkeys(problems))
     for problem in configfile.noted(ConfigError(*problems), found).problems:
         print(f"ocrd: {problem}", file=sys.stderr)
     if problems or cfg is None:
         return ExitCode.USAGE
-    from .engines import choose_kind
+    print(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {engine})")
+    return ExitCode.OK
+
+
+def _engine_chosen(cfg: Config) -> str:
+    """The engine `run` would start, and why; ConfigError: a key the vLLM layout cannot
+    take."""
+    from .engines import choose_kind, with_profile
 
     kind, why = choose_kind(cfg.engine)
-    print(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
-    return ExitCode.OK
+    if kind == "vllm":
+        vllm = with_profile(cfg.engine).vllm
+        why += f"; vLLM {vllm.mode}, profile {cfg.engine.vllm.profile}"
+    return f"{kind}: {why}"
 
 
 def _check_secrets_and_listen(cfg: Config) -> list[str]:

@@ -102,7 +102,7 @@ def _usable(model: type[BaseModel], data: dict, prefix: Loc) -> tuple[BaseModel 
             left_out = False
             for err in e.errors():
                 loc = _where(err)
-                problems.append(describe(model, err, loc, prefix, data))
+                problems.append(describe(model, err, loc, prefix, _value_at(data, loc)))
                 left_out |= _leave_out(data, loc, err.get("type") == "missing")
             problems = _unique(problems)
             if not left_out:
@@ -149,11 +149,21 @@ def _value_at(data: Any, loc: Loc) -> Any:
     return data
 
 
-def describe(model: type[BaseModel], err: Any, loc: Loc, prefix: Loc, data: Any) -> str:
-    """One pydantic error as a line that names the key and the value."""
+def describe_error(model: type[BaseModel], err: Any, prefix: Loc = ()) -> str:
+    """One error of validating `model` (whose keys sit at `prefix`) on its own, in the
+    words check() uses."""
+    loc = _where(err)
+    value = err.get("input", _MISSING)
+    if err.get("type") == "ocrd_key":
+        value = value.get(loc[-1], _MISSING) if isinstance(value, dict) else _MISSING
+    return describe(model, err, loc, prefix, value)
+
+
+def describe(model: type[BaseModel], err: Any, loc: Loc, prefix: Loc, value: Any) -> str:
+    """One pydantic error as a line that names the key (`prefix` + `loc`, in the
+    model) and its value (_MISSING: none to show)."""
     key = key_path((*prefix, *loc))
     kind = err.get("type")
-    value = _value_at(data, loc)
     if kind == "extra_forbidden":
         return f"{key}: unknown key (value {value!r}){_did_you_mean(model, loc)}"
     if kind == "missing":

@@ -69,6 +69,15 @@ class VllmConfig(_Strict):
     with a CUDA GPU). README.md, "GPU: the configuration for one big GPU", has the
     settings for a large GPU."""
 
+    profile: Literal["auto", "none"] = Field("auto", description=(
+        "`auto`: the layout measured for the GPUs ocrd finds (README, \"your GPU → what "
+        "ocrd runs\"), logged at start as `vllm_profile`; every key set here overrides "
+        "the profile's value. `none`: the keys set here and their defaults."))
+    mode: Literal["inprocess", "managed"] | None = Field(None, description=(
+        "`inprocess`: the engine runs inside ocrd. `managed`: ocrd starts and supervises "
+        "local `vllm serve` processes and sends them the pages over HTTP (for several "
+        "front ends, servers per GPU, several GPUs: api_servers, servers_per_gpu, gpus). "
+        "null: the profile's."))
     dtype: str = Field("bfloat16", description=(
         "The model's weights' type; lower precision costs accuracy."))
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description=(
@@ -87,10 +96,9 @@ class VllmConfig(_Strict):
     data_parallel_size: int = Field(1, ge=1, description=(
         "Copies of the model one server runs, each on its own GPUs."))
     api_servers: int = Field(1, ge=1, description=(
-        "Front-end processes that prepare page images (resize, tiles), per GPU. 1: the "
-        "engine runs inside ocrd. More than 1: the managed mode, where ocrd starts and "
-        "supervises local `vllm serve --api-server-count N` processes and sends them "
-        "the pages over HTTP; one front end prepares only a few pages a second."))
+        "Managed mode: front-end processes that prepare page images (resize, tiles), per "
+        "GPU (`vllm serve --api-server-count N`); one front end is one CPU thread and "
+        "prepares only a few pages a second."))
     server_port: int = Field(0, ge=0, le=65535, description=(
         "Managed mode: the first server's port on 127.0.0.1 (further servers take the "
         "next ports); 0: free ports."))
@@ -99,7 +107,7 @@ class VllmConfig(_Strict):
         "data_parallel_size GPUs), each with its own engine core, an equal share of "
         "gpu_memory_utilization and of api_servers (at least 1 each); ocrd sends each "
         "page to the server with the fewest pages in flight. One engine core cannot "
-        "keep a large GPU busy. More than 1 starts the managed mode."))
+        "keep a large GPU busy."))
     mps: bool | None = Field(None, description=(
         "Managed mode: CUDA MPS for the servers of a GPU, so that their kernels run side "
         "by side instead of in turns (ocrd starts and stops one `nvidia-cuda-mps-control` "
@@ -113,8 +121,7 @@ class VllmConfig(_Strict):
     gpus: list[int] = Field(default_factory=list, description=(
         "Managed mode on these CUDA devices (as nvidia-smi numbers them): one group of "
         "servers per tensor_parallel_size × data_parallel_size devices. []: the devices "
-        "ocrd's environment shows, as one group. Naming devices starts the managed "
-        "mode."))
+        "ocrd's environment shows, as one group."))
     fast_encoder: bool = Field(True, description=(
         "ocrd's own path through DeepSeek-OCR-2's vision encoder (the same weights and "
         "results, less work per page). Needs ocrd installed with pip (vLLM loads it "
@@ -140,6 +147,13 @@ class VllmConfig(_Strict):
         if self.gpus and len(self.gpus) % per:
             raise key_problem("gpus", f"{len(self.gpus)} devices do not split into groups "
                               f"of tensor_parallel_size × data_parallel_size = {per}")
+        if self.mode == "inprocess":
+            managed_only = {"api_servers": self.api_servers > 1,
+                            "servers_per_gpu": self.servers_per_gpu > 1, "gpus": self.gpus}
+            for key, used in managed_only.items():
+                if used:
+                    raise key_problem(key, f"{key} {getattr(self, key)} needs mode: managed "
+                                      "(the engine inside ocrd has one front end on one GPU)")
         if self.server_port and self.server_port + self.server_count - 1 > 65535:
             raise key_problem("server_port", f"the {self.server_count} managed servers' "
                               "ports would pass 65535")
@@ -154,8 +168,8 @@ class VllmConfig(_Strict):
     @property
     def managed(self) -> bool:
         """ocrd starts and supervises local `vllm serve` processes (ocrd/engines/managed.py)
-        instead of running the engine inside its own process."""
-        return self.api_servers > 1 or self.servers_per_gpu > 1 or bool(self.gpus)
+        instead of running the engine inside its own process (mode, once resolved)."""
+        return self.mode == "managed"
 
 
 class SimulatedConfig(_Strict):
