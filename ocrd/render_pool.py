@@ -10,7 +10,8 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -27,6 +28,19 @@ def _warm() -> int:
 
 # ---------------------------------------------------------------------------------------
 # Main-process side
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back in this thread while it may start worker processes: they start
+    with it blocked (the signal mask survives fork and exec), so that Ctrl-C in a
+    terminal, which reaches the whole process group, cannot kill a worker still starting
+    up; the daemon stops its workers itself. A SIGINT meanwhile comes after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class RenderPool:
@@ -54,9 +68,10 @@ class RenderPool:
         if self._pool is None:
             generation = self._generation + 1
             tag = f"{self._tag}-{generation}" if self._shared else None
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(tag, os.getpid()))
+            with _sigint_blocked():  # its queues may start multiprocessing's tracker
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker, initargs=(tag, os.getpid()))
             self._generation = generation
         return self._pool
 
@@ -65,7 +80,9 @@ class RenderPool:
             await asyncio.to_thread(_remove_shared, SHARED_PREFIX, True)
         pool = self._ensure()
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(pool, _warm) for _ in range(self.workers)))
+        with _sigint_blocked():  # submitting starts the workers
+            warming = [loop.run_in_executor(pool, _warm) for _ in range(self.workers)]
+        await asyncio.gather(*warming)
 
     def _discard(self, generation: int) -> None:
         pool = self._pool
@@ -86,7 +103,8 @@ class RenderPool:
             pool = self._ensure()
             generation = self._generation
             try:
-                fut = loop.run_in_executor(pool, fn, *args)
+                with _sigint_blocked():  # submitting may start workers
+                    fut = loop.run_in_executor(pool, fn, *args)
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
                 # cancellation that races with the result
                 async with asyncio.timeout(timeout or self.timeout):

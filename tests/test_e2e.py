@@ -4,6 +4,7 @@ whole, and the original went where it should."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -203,6 +204,31 @@ def test_ctrl_c_stops_the_daemon_without_tracebacks(tmp_path: Path) -> None:
         assert d.proc is not None and d.proc.wait(60) == 0
     log = d.log_text()
     assert d.event("stopped") is not None, log[-2000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+
+
+def _workers(pid: int) -> list[int]:
+    """The daemon's render worker processes (multiprocessing's spawned children)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out.append(int(child))
+    return out
+
+
+def test_ctrl_c_while_the_workers_start_stops_the_daemon_without_tracebacks(
+        tmp_path: Path) -> None:
+    """Ctrl-C the moment the daemon's first render worker exists (it is still starting
+    Python): nothing in the group may die of it with a traceback; the daemon stops."""
+    d = Daemon(tmp_path / "d")
+    with d:
+        d.start(wait_ready=False)
+        wait_for(lambda: _workers(d.pid), 60, "the first render worker", every=0.002)
+        os.killpg(d.pid, signal.SIGINT)
+        assert d.proc is not None and d.proc.wait(60) == 0, d.log_text()[-3000:]
+    log = d.log_text()
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
 
 
