@@ -170,10 +170,10 @@ def test_a_file_dropped_in_comes_out_owned_by_the_configured_ids(
         make_pdf(project / "inbox" / ".scan.pdf.part", [sentence_lines(7), sentence_lines(8)])
         os.rename(project / "inbox" / ".scan.pdf.part", project / "inbox" / "scan.pdf")
         md = project / "outbox" / "scan.md"
-        wait_for(md.exists, 180, "outbox/scan.md")
+        archived = project / "archive" / "scan.pdf"
+        wait_for(lambda: md.exists() and archived.exists(), 180, "outbox/scan.md, archived")
         assert "<!-- page 2 -->" in md.read_text()
-        for written in (md, project / "outbox" / "scan.json",
-                        project / "archive" / "scan.pdf"):
+        for written in (md, project / "outbox" / "scan.json", archived):
             st = written.stat()
             assert (st.st_uid, st.st_gid) == (UID, GID), (written, st.st_uid, st.st_gid)
         # the config and token it wrote at its first start, the user's and private
