@@ -89,8 +89,7 @@ class VllmConfig(_Strict):
         "Pages decoded at once, per engine (per managed server)."))
     max_num_batched_tokens: int = Field(16384, ge=0, description=(
         "Tokens one engine step may take in: one per page being decoded, plus the "
-        "images and prompts of new pages (about 1,100 for an A4 page); 0: vLLM's "
-        "default."))
+        "images and prompts of new pages; 0: vLLM's default."))
     tensor_parallel_size: int = Field(1, ge=1, description=(
         "GPUs one model is split across."))
     data_parallel_size: int = Field(1, ge=1, description=(
