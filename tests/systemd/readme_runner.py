@@ -3,8 +3,9 @@ boots into: the README's quick start and its install-as-a-service commands (take
 README.md by the test and put in /ocrd-test), run as written in a fresh copy of the
 checkout, then a file dropped in each way. What happened goes to /out/results.json.
 
-Only the standard library, with the container's /usr/bin/python3: nothing of ocrd's is
-installed here but what the README's commands install."""
+Only the standard library (and runner.py's helpers), with the container's
+/usr/bin/python3: nothing of ocrd's is installed here but what the README's commands
+install."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from runner import say, wait  # tests/systemd/runner.py, copied beside this file
 
 OUT = Path("/out")
 TEST = Path("/ocrd-test")
@@ -31,24 +33,6 @@ ENV = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheelhouse",
        "HOME": "/root", "LANG": "C.UTF-8"}
 
 results: dict[str, Any] = {}
-
-
-def say(*parts: object) -> None:
-    line = f"[{time.monotonic():.2f}] " + " ".join(str(p) for p in parts)
-    print(line, flush=True)
-    with open(OUT / "runner.log", "a") as f:
-        f.write(line + "\n")
-
-
-def wait(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s")
-        time.sleep(every)
 
 
 def commands(name: str) -> list[str]:

@@ -93,7 +93,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     office_open_xml(test / "letter.docx", "word")
     for name in NAMES:
         (test / f"{name}.sh").write_text(blocks[name])
-    shutil.copy(HERE / "readme_runner.py", test / "readme_runner.py")
+    for runner in ("readme_runner.py", "runner.py"):
+        shutil.copy(HERE / runner, test / runner)
     wheelhouse(wheels)
     console, rc = nspawn.boot(work, "/usr/bin/python3 /ocrd-test/readme_runner.py", [
         f"--bind={checkout}:/root/ocrd", f"--bind-ro={wheels}:/wheelhouse",
