@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
+import os
 import sys
-import time
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, configfile, credentials, listen, owner
 from .config import Config, ConfigError, load_config, parse_config
-from .errors import ExitCode, exit_code_for
+from .errors import REASONS, ExitCode, exit_code_for
 from .layout import check_folders
 from .names import printable, shown
+from .records import iso, local_time
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -39,13 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version",
                    version=f"ocrd {__version__} ({owner.DISTRIBUTION})")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
+    def command(name: str, summary: str, description: str,
+                epilog: str | None = None) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=textwrap.fill(description, 80),
+                              epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    run = command("run", "run the daemon in the foreground (what systemd runs)",
+                  "Run the daemon in the foreground: watch the configured inboxes and "
+                  "convert every file dropped there, until stopped (SIGTERM: pages in "
+                  "flight finish first; SIGHUP: re-read the inbox settings). This is what "
+                  "ocrd.service runs.")
     run.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
-    conv = sub.add_parser("convert", help="convert files once and exit (exit 0 only if "
-                          "every file converted)")
+    conv = command("convert", "convert files once and exit (exit 0 only if every file "
+                   "converted)", "Convert files once with the same pipeline as the daemon "
+                   "and exit: NAME.md, NAME.json (and NAME.assets/) in the output folder. "
+                   "No daemon and no state are needed.", EPILOG.split("\n\n", 1)[1])
     conv.add_argument("files", nargs="+", type=Path, metavar="FILE",
                       help="a document, or a folder: every document in it and its "
                       "subfolders (skipping what an inbox skips)")
@@ -76,17 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("-v", "--verbose", action="count", default=0,
                       help="log events too, on their own lines: -v info, -vv debug")
 
-    check = sub.add_parser("check-config", help="validate a config file and its folders")
+    check = command("check-config", "validate a config file and its folders",
+                    "Check a config file and the folders it names, as the daemon would "
+                    "use them: every problem is reported at once, one line each, naming "
+                    "the key and its value. Exit 0 when the daemon could start with it.")
     check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
-    status = sub.add_parser("status", help="queue, counts by state and recent failures")
+    status = command("status", "queue, counts by state and recent failures",
+                     "Show the files by state and the recent failures from the journal, "
+                     "and the queue and pages in flight when the daemon answers on "
+                     "metrics.listen.")
     status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--json", action="store_true",
+                        help="machine-readable output (times in ISO 8601, UTC)")
     status.add_argument("-n", type=int, default=10, help="recent failures to show")
 
-    retry = sub.add_parser(
-        "retry", help="put failed originals back into their inbox, to be converted again "
-        "(works whether or not the daemon runs)")
+    retry = command(
+        "retry", "put failed originals back into their inbox, to be converted again",
+        "Put failed originals back into their inbox, where the daemon takes them in "
+        "again. Works whether or not the daemon runs; run it as the daemon's user "
+        "(sudo -u ocrd).")
     retry.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     which = retry.add_mutually_exclusive_group(required=True)
     which.add_argument("files", nargs="*", default=[], metavar="FILE",
@@ -99,8 +122,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`ocrd status | head -3`): stop quietly, as `cat` does.
+        # Python flushes stdout once more at exit; point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command is None:
+            parser.print_help()
+            return ExitCode.USAGE
         if args.command == "run":
             return cmd_run(args)
         if args.command == "convert":
@@ -112,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "retry":
             return cmd_retry(args)
     except ConfigError as e:
-        print(f"ocrd: configuration error: {printable(str(e))}", file=sys.stderr)
+        for problem in e.problems or [str(e)]:
+            print(f"ocrd: configuration error: {printable(problem)}", file=sys.stderr)
         return ExitCode.USAGE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
@@ -135,28 +173,48 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .web.auth import load_token
-
     found = configfile.find(args.config)
-    cfg = configfile.load(found)
-    load_token(cfg.web)  # a token file that is set must be readable and long enough
-    problems = check_folders(cfg) + _check_secrets_and_listen(cfg)
-    for problem in problems:
+    checked = configfile.read(found)
+    problems = list(checked.problems)
+    if checked.listed == 0:
+        problems.append("inboxes: no inbox is configured; the daemon would have nothing to do")
+    cfg = checked.config
+    engine = ""
+    if cfg is not None:
+        problems += check_folders(cfg, checked.numbers) + _check_secrets_and_listen(cfg)
+        try:
+            engine = _engine_chosen(cfg)
+        except ConfigError as e:
+            problems += e.problems
+    problems = list(dict.fromkeys(problems))
+    for problem in configfile.noted(ConfigError(*problems), found).problems:
         print(f"ocrd: {printable(problem)}", file=sys.stderr)
-    if problems:
+    if problems or cfg is None:
         return ExitCode.USAGE
+    print(printable(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {engine})"))
+    return ExitCode.OK
+
+
+def _engine_chosen(cfg: Config) -> str:
+    """The engine `run` would start, and why; ConfigError: a key the vLLM layout cannot
+    take."""
     from .engines import choose_kind, with_profile
 
     kind, why = choose_kind(cfg.engine)
     if kind == "vllm":
-        vllm = with_profile(cfg.engine).vllm  # ConfigError: a key the layout cannot take
+        vllm = with_profile(cfg.engine).vllm
         why += f"; vLLM {vllm.mode}, profile {cfg.engine.vllm.profile}"
-    print(printable(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})"))
-    return ExitCode.OK
+    return f"{kind}: {why}"
 
 
 def _check_secrets_and_listen(cfg: Config) -> list[str]:
+    from .web.auth import load_token
+
     problems = []
+    try:
+        load_token(cfg.web)  # a token file that is set must be readable and long enough
+    except ConfigError as e:
+        problems += e.problems
     name = cfg.engine.api_key_credential
     if name is not None and credentials.credential_path(name) is None:
         print(printable(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
@@ -166,11 +224,11 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
         try:
             credentials.api_key(cfg.engine)
         except ConfigError as e:
-            problems.append(str(e))
+            problems += e.problems
     try:
         _tls_files(cfg)
     except ConfigError as e:
-        problems.append(str(e))
+        problems += e.problems
     for key, value in (("metrics.listen", cfg.metrics.listen), ("web.listen", cfg.web.listen)):
         if value is not None:
             problem = listen.bind_problem(listen.parse(value))
@@ -212,16 +270,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             "counts": counts, "daemon": live,
             "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
                                  "message": j.message, "moved_to": shown(j.output or ""),
-                                 "finished": j.finished}
+                                 "finished": iso(j.finished)}
                                 for j in failures]}, indent=2))
         return ExitCode.OK
     if live is None:
         print("daemon: not reachable (stopped, or metrics turned off); from the journal:")
     else:
         print(f"daemon: {'ready' if live.get('ready') else 'NOT READY'}, queue "
-              f"{live.get('queue', 0):.0f}, converting {live.get('active', 0):.0f} file(s), "
-              f"{live.get('in_flight', 0):.0f} page(s) in flight, "
-              f"{live.get('pages_ok', 0):.0f} pages done since start")
+              f"{live.get('queue', 0)}, converting {live.get('active', 0)} file(s), "
+              f"{live.get('in_flight', 0)} page(s) in flight, "
+              f"{live.get('pages_ok', 0)} pages done since start")
         for paused in live.get("paused_inboxes", []):
             print(printable(f"inbox {paused['inbox']}: PAUSED, {paused['why']}"))
     order = ["claimed", "converting", "finishing", "done", "failed"]
@@ -229,7 +287,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if failures:
         print("recent failures:")
         for j in failures:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.finished or 0))
+            when = local_time(j.finished, seconds=False)
             print(f"  {when}  {printable(j.relpath)}  [{printable(j.reason or '')}] "
                   f"{printable(j.message or '')}")
     return ExitCode.OK
@@ -240,6 +298,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from .journal import Journal
     from .retry import RetryError, retry_job, select
 
+    if args.reason is not None and args.reason not in REASONS:
+        close = difflib.get_close_matches(args.reason, REASONS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"ocrd: no file fails for the reason {args.reason!r}{hint}; the reasons are: "
+              f"{', '.join(REASONS)}", file=sys.stderr)
+        return ExitCode.USAGE
     cfg = configfile.load(configfile.find(args.config))
     log.setup("warning", cfg.log.format)  # one line per file below says what happened
     path = cfg.state_dir / "journal.sqlite3"

@@ -1,8 +1,9 @@
 """Typed configuration, read from YAML and validated with pydantic.
 
-Every key is documented in config.example.yaml. Unknown keys are errors (a typo must not
-be silently ignored), and every error names the key and the offending value. The
-`engine:` section's models live in engine_config.py.
+Each key's text is written once, in its `description` (docs/configuration.md and
+config.example.yaml are generated from it: configdoc.py). Unknown keys are errors (a typo
+must not be silently ignored); configcheck.py finds every problem at once and names each
+key and value. The `engine:` section's models live in engine_config.py.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from . import listen
-from .engine_config import EngineConfig, _Strict
+from .engine_config import EngineConfig, _Strict, key_problem
+
+if TYPE_CHECKING:
+    from .configcheck import Checked
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
 # scanner temp files. Matched against each path component (fnmatch, case-insensitive).
@@ -46,41 +50,82 @@ BUILTIN_IGNORE: tuple[str, ...] = (
 
 
 class ConfigError(Exception):
-    """A configuration problem, phrased as one line that names the key and the value."""
+    """Problems with the configuration, each one line that names the key and the value."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+# state_dir for a config file under /etc: where the unit's StateDirectory=ocrd is.
+SERVICE_STATE_DIR = Path("/var/lib/ocrd")
 
 
 class InboxConfig(_Strict):
-    path: Path
-    outbox: Path
-    failed: Path
-    on_success: Literal["archive", "delete", "keep"] = "archive"
-    archive: Path | None = None
-    recursive: bool = False
-    # Only names matching one of these (fnmatch, case-insensitive) are considered.
-    include: list[str] = Field(default_factory=lambda: ["*"])
-    # Extra ignore patterns on top of the built-in list.
-    ignore: list[str] = Field(default_factory=list)
-    # A file is ready once its size and mtime have not changed for this long.
-    quiet_seconds: float = Field(default=5.0, ge=0)
-    # A file that looks cut short (a PDF without %%EOF) is read as it is 10 s after its
-    # writer closed it (readiness.CLOSED_SETTLE_SECONDS); an empty file, or where no
-    # close is seen (network filesystems, a file found by a scan), once it has not
-    # changed for this long.
-    incomplete_seconds: float = Field(default=600.0, ge=0)
-    watch: Literal["auto", "inotify", "polling"] = "auto"
-    # Output file mode (octal string like "0640") and group (name or gid).
-    file_mode: str = "0644"
-    dir_mode: str = "0755"
-    group: str | None = None
-    # What to ask the model for: markdown (layout, figures, tables), text (plain OCR) or
-    # custom (custom_prompt). Ignored by tesseract.
-    prompt: Literal["markdown", "text", "custom"] = "markdown"
-    custom_prompt: str | None = None
-    # markdown (always) and pdf: the original, searchable (ocrd/textpdf.py); on a page
-    # that has text already, the layer replaces, is added to, or skips (skip_if_text)
-    outputs: list[Literal["markdown", "pdf"]] = Field(default_factory=lambda: ["markdown"])
-    pdf_text_layer: Literal["replace", "add", "skip_if_text"] = "skip_if_text"
-    pdf_suffix: str = ".pdf"
+    """One folder that is watched, and where its files go."""
+
+    path: Path = Field(description=(
+        "The folder people and scanners drop files into. ocrd needs to read, write and "
+        "rename in it: a file is claimed by moving it out."))
+    outbox: Path = Field(description=(
+        "Where the Markdown goes: NAME.md, its sidecar NAME.json and NAME.assets/ with "
+        "the figures, in the inbox's subfolders mirrored."))
+    failed: Path = Field(description=(
+        "Where files that could not be converted go, each with NAME.error.json saying "
+        "why (`ocrd retry` puts them back)."))
+    archive: Path | None = Field(None, description=(
+        "Where originals go once their Markdown is written; left out, they stay in the "
+        "inbox (see on_success)."))
+    on_success: Literal["archive", "delete", "keep"] | None = Field(None, description=(
+        "What becomes of an original once its Markdown is written: `archive` (moved to "
+        "the archive folder), `delete`, or `keep` (left in the inbox, converted again "
+        "only if it changes). null: `archive` when an archive folder is set, else "
+        "`keep`."))
+    recursive: bool = Field(False, description="Watch the inbox's subfolders too.")
+    include: list[str] = Field(default_factory=lambda: ["*"], description=(
+        "Only names matching one of these patterns are converted (case-insensitive, "
+        "like `*.pdf`)."))
+    ignore: list[str] = Field(default_factory=list, description=(
+        "Names never converted, on top of the built-in list (dotfiles, `~$*`, `*.part`, "
+        "`*.tmp`, `Thumbs.db`, `@eaDir` …)."))
+    quiet_seconds: float = Field(5.0, ge=0, description=(
+        "A file counts as written once its size and time have not changed for this "
+        "long; then it is checked for completeness."))
+    incomplete_seconds: float = Field(600.0, ge=0, description=(
+        "A file that looks cut short is read as it is 10 s after its writer closed it; "
+        "an empty or cut-short file where no close is seen (network filesystems, a "
+        "file found by a scan) waits this long after its last change, then goes to "
+        "the failed folder."))
+    watch: Literal["auto", "inotify", "polling"] = Field("auto", description=(
+        "How new files are noticed: `auto` (polling on network filesystems such as NFS, "
+        "SMB or FUSE, inotify elsewhere), `inotify` or `polling`. Rescans find "
+        "everything either way."))
+    file_mode: str = Field("0644", description=(
+        "Mode of the files ocrd writes, in octal. On a shared folder: \"0660\", with "
+        "dir_mode \"2770\" (what systemd/ocrd.tmpfiles sets up)."))
+    dir_mode: str = Field("0755", description=(
+        "Mode of the folders ocrd creates, in octal (\"2770\": group-writable, the "
+        "group kept on everything inside)."))
+    group: str | None = Field(None, description=(
+        "Group (name or number) given to what ocrd writes; ocrd's user must be a "
+        "member. null: the folder's or the user's group."))
+    prompt: Literal["markdown", "text", "custom"] = Field("markdown", description=(
+        "vllm and remote: what to ask the model for: `markdown` (layout, figures, "
+        "tables), `text` (plain text) or `custom` (custom_prompt). tesseract ignores it."))
+    custom_prompt: str | None = Field(None, description="The prompt, with prompt: custom.")
+    outputs: list[Literal["markdown", "pdf"]] = Field(
+        default_factory=lambda: ["markdown"], description=(
+            "What is written: `markdown` (always), and `pdf`: NAME.pdf beside NAME.md, "
+            "the original made searchable by an invisible text layer (README, "
+            "\"Searchable PDFs\")."))
+    pdf_text_layer: Literal["replace", "add", "skip_if_text"] = Field(
+        "skip_if_text", description=(
+            "With outputs pdf, on pages that have text already: `skip_if_text` keeps "
+            "such a page as it is, `add` lays ocrd's text over it too, `replace` "
+            "removes an earlier invisible text layer first."))
+    pdf_suffix: str = Field(".pdf", description=(
+        "With outputs pdf: how the searchable PDF's name ends (`.ocr.pdf`: "
+        "NAME.ocr.pdf)."))
 
     @field_validator("file_mode", "dir_mode")
     @classmethod
@@ -89,9 +134,9 @@ class InboxConfig(_Strict):
         try:
             mode = int(text, 8)
         except ValueError:
-            raise ValueError(f"must be an octal mode like '0640', got {v!r}") from None
+            raise ValueError("must be an octal mode like '0640'") from None
         if not 0 <= mode <= 0o7777:
-            raise ValueError(f"must be an octal mode like '0640', got {v!r}")
+            raise ValueError("must be an octal mode like '0640'")
         return text
 
     @field_validator("group")
@@ -102,20 +147,27 @@ class InboxConfig(_Strict):
         try:
             grp.getgrnam(v)
         except KeyError:
-            raise ValueError(f"no such group {v!r}") from None
+            raise ValueError("no such group on this machine") from None
+        return v
+
+    @field_validator("pdf_suffix")
+    @classmethod
+    def _pdf_suffix(cls, v: str) -> str:
+        if not re.fullmatch(r"[^/\0]{0,40}\.pdf", v):
+            raise ValueError("pdf_suffix must end in '.pdf' (like '.ocr.pdf')")
         return v
 
     @model_validator(mode="after")
     def _consistent(self) -> InboxConfig:
+        if self.on_success is None:
+            self.on_success = "archive" if self.archive is not None else "keep"
         if self.on_success == "archive" and self.archive is None:
-            raise ValueError("on_success is 'archive' but no 'archive' folder is set")
+            raise key_problem("on_success", "no 'archive' folder is set: set one, or leave "
+                              "on_success out to keep originals in the inbox")
         if self.prompt == "custom" and not self.custom_prompt:
-            raise ValueError("prompt is 'custom' but no 'custom_prompt' is set")
+            raise key_problem("prompt", "'custom' needs the prompt in custom_prompt")
         if "markdown" not in self.outputs:
-            raise ValueError("outputs must list 'markdown' (always written; add 'pdf')")
-        if not re.fullmatch(r"[^/\0]{0,40}\.pdf", self.pdf_suffix):
-            raise ValueError(f"pdf_suffix must end in '.pdf' (like '.ocr.pdf'), got "
-                             f"{self.pdf_suffix!r}")
+            raise key_problem("outputs", "must list 'markdown' (always written; add 'pdf')")
         return self
 
     @property
@@ -140,50 +192,70 @@ class InboxConfig(_Strict):
 
 
 class RenderConfig(_Strict):
-    # born-digital pages; None = the engine's choice (tesseract 300, DeepSeek-OCR-2 144)
-    dpi: int | None = Field(default=None, ge=36, le=1200)
-    # a scanned page (one image covering it) renders at its image's own resolution,
-    # within these; None = the engine's choice (tesseract 200-600, DeepSeek-OCR-2 144-200)
-    scan_min_dpi: int | None = Field(default=None, ge=36, le=2400)
-    scan_max_dpi: int | None = Field(default=None, ge=36, le=2400)
-    renderer: Literal["pypdfium2", "pdf2image"] = "pypdfium2"
-    # render worker processes; 0 = one per CPU core
-    workers: int = Field(default=0, ge=0)
-    # pages rendered ahead of the engine, per document being converted
-    lookahead: int = Field(default=4, ge=1)
+    """How the pages of documents become images for the engine."""
+
+    dpi: int | None = Field(None, ge=36, le=1200, description=(
+        "Pages of born-digital PDFs render at this resolution. null: the engine's "
+        "choice (tesseract 300, DeepSeek-OCR-2 144)."))
+    scan_min_dpi: int | None = Field(None, ge=36, le=2400, description=(
+        "A scanned page (one image covering it) renders at its image's own resolution, "
+        "but at least at this. null: the engine's choice (tesseract 200, DeepSeek-OCR-2 "
+        "144)."))
+    scan_max_dpi: int | None = Field(None, ge=36, le=2400, description=(
+        "... and at most at this. null: the engine's choice (tesseract 600, "
+        "DeepSeek-OCR-2 200)."))
+    renderer: Literal["pypdfium2", "pdf2image"] = Field("pypdfium2", description=(
+        "`pypdfium2` (PDFium) or `pdf2image` (poppler); poppler is also the fallback "
+        "for files PDFium refuses."))
+    workers: int = Field(0, ge=0, description="Render processes; 0: one per CPU core.")
+    lookahead: int = Field(4, ge=1, description=(
+        "Pages rendered ahead of the engine, per document."))
 
 
 class LimitsConfig(_Strict):
-    max_pages: int = Field(default=2000, ge=1)
-    max_file_bytes: int = Field(default=2 * 1024**3, ge=1)
-    # per page image, after rendering; guards against decompression bombs
-    max_pixels: int = Field(default=200_000_000, ge=1)
-    # page images in flight, all files together (ocrd/budget.py); a page that would cost
-    # more is rendered at a lower dpi. null (default): 1 GiB, raised to what the engine's
-    # pages in flight cost as A4 pages (a GPU engine keeps hundreds), one page at most 1 GiB
-    memory_bytes: int | None = Field(default=None, ge=64 * 1024**2)
+    """Files beyond these go to the failed folder, with the reason."""
+
+    max_pages: int = Field(2000, ge=1, description=(
+        "Documents with more pages fail (`too_many_pages`)."))
+    max_file_bytes: int = Field(2 * 1024**3, ge=1, description=(
+        "Bigger files fail (`too_large`)."))
+    max_pixels: int = Field(200_000_000, ge=1, description=(
+        "Pixels of one image: bigger images fail (`too_large`; a guard against "
+        "decompression bombs), and PDF pages that would be bigger render at a lower "
+        "resolution."))
+    memory_bytes: int | None = Field(None, ge=64 * 1024**2, description=(
+        "Bytes of page images in flight, all files together; a page that would cost "
+        "more renders at a lower resolution. null: 1 GiB, raised to what the engine's "
+        "pages in flight cost as A4 pages; one page at most 1 GiB."))
 
 
 class ScheduleConfig(_Strict):
-    # pages in the engine at once, across all files; 0 = the engine's own preference
-    pages_in_flight: int = Field(default=0, ge=0)
-    # files that become ready within this window form one batch, smallest first
-    batch_window_seconds: float = Field(default=0.5, ge=0)
-    # documents rendered/converted at the same time
-    max_active_documents: int = Field(default=4, ge=1)
-    # a file is given up (failed, reason too_many_attempts) after this many starts that
-    # did not finish (e.g. the daemon crashed on it each time)
-    max_attempts: int = Field(default=3, ge=1)
-    # engine errors on one page before the page (and its file) fails
-    page_retries: int = Field(default=2, ge=0)
-    # per page; a page that takes longer counts as an engine error
-    page_timeout_seconds: float = Field(default=900.0, gt=0)
+    """How files and pages are fed to the engine."""
+
+    pages_in_flight: int = Field(0, ge=0, description=(
+        "Pages in the engine at once, all files together; 0: the engine's own "
+        "preference."))
+    batch_window_seconds: float = Field(0.5, ge=0, description=(
+        "Files that become ready within this window form one batch, smallest first."))
+    max_active_documents: int = Field(4, ge=1, description=(
+        "Documents converted at the same time."))
+    max_attempts: int = Field(3, ge=1, description=(
+        "A file is given up (`too_many_attempts`) after this many starts that did not "
+        "finish, e.g. when the daemon crashed on it each time."))
+    page_retries: int = Field(2, ge=0, description=(
+        "Engine errors on one page before the page (and its file) fails."))
+    page_timeout_seconds: float = Field(900.0, gt=0, description=(
+        "Seconds one page may take in the engine; longer counts as an engine error."))
 
 
 class LogConfig(_Strict):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    # auto: console on a terminal, JSON lines otherwise
-    format: Literal["auto", "console", "json"] = "auto"
+    """The daemon's log."""
+
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="`debug`, `info`, `warning` or `error`.")
+    format: Literal["auto", "console", "json"] = Field("auto", description=(
+        "`auto`: readable lines on a terminal, JSON lines otherwise (under systemd: the "
+        "journal's fields); `console`; `json`."))
 
 
 def _address(v: str | None) -> str | None:
@@ -193,35 +265,44 @@ def _address(v: str | None) -> str | None:
 
 
 class MetricsConfig(_Strict):
-    # host:port for /metrics, /healthz, /readyz; null turns it off
-    listen: str | None = "127.0.0.1:9464"
+    """Prometheus metrics and health checks: /metrics, /healthz, /readyz."""
+
+    listen: str | None = Field("127.0.0.1:9464", description=(
+        "HOST:PORT, with an IPv4 address, an IPv6 address in brackets (`[::1]:9464`) "
+        "or localhost; port 0: a free one. null turns it off. The daemon does not "
+        "start when it cannot listen there."))
 
     _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 
 
 class WebConfig(_Strict):
-    """The console (ocrd/web/): status, files, page review, retry; and its JSON API."""
+    """The console (overview, files, page-by-page review, retry) and its JSON API
+    (/api/status, /api/files, /api/files/ID, POST /api/files/ID/retry)."""
 
-    # host:port of the console; null turns it off. Off loopback a token is required.
-    listen: str | None = "127.0.0.1:9465"
-    # file holding the access token (one line); relative names are looked up in
-    # $CREDENTIALS_DIRECTORY first (systemd LoadCredential=). Required off loopback.
-    token_file: Path | None = None
-    # a small JPEG of every rendered page (long side <= 1600 px), written while
-    # converting under state_dir/previews, for the review page; kept this many days and
-    # at most this many bytes in all (oldest documents removed first)
-    previews: bool = True
-    previews_days: float = Field(default=30.0, gt=0)
-    previews_max_bytes: int = Field(default=2 * 1024**3, ge=0)
+    listen: str | None = Field("127.0.0.1:9465", description=(
+        "HOST:PORT of the console; null turns it off. Anything but a loopback address "
+        "(127.0.0.0/8, ::1, localhost) needs token_file."))
+    token_file: Path | None = Field(None, description=(
+        "A file holding the access token on one line, at least 16 characters (`openssl "
+        "rand -hex 32`). A bare name is looked up among systemd's credentials first "
+        "(`LoadCredential=` in the unit). Once set, the console asks for it even on "
+        "loopback."))
+    previews: bool = Field(True, description=(
+        "A small JPEG of every page converted, under state_dir/previews, for the review "
+        "page (also once the original is archived or deleted)."))
+    previews_days: float = Field(30.0, gt=0, description=(
+        "Previews older than this many days are removed."))
+    previews_max_bytes: int = Field(2 * 1024**3, ge=0, description=(
+        "Previews beyond this many bytes in all are removed, oldest documents first."))
 
     _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> WebConfig:
         if not self.loopback and self.token_file is None:
-            raise ValueError(f"listen {self.listen!r} is not a loopback address: set "
-                             "web.token_file (a file, or a systemd credential's name) so "
-                             "the console needs a token, or listen on 127.0.0.1")
+            raise key_problem("listen", "not a loopback address: set web.token_file (a "
+                              "file, or a systemd credential's name) so that the console "
+                              "needs a token, or listen on 127.0.0.1")
         return self
 
     @property
@@ -233,12 +314,23 @@ class WebConfig(_Strict):
 
 
 class Config(_Strict):
-    state_dir: Path
-    # seconds between full rescans of every inbox (events are only hints)
-    rescan_seconds: float = Field(default=60.0, gt=0)
-    # seconds between polls for inboxes in polling mode
-    poll_seconds: float = Field(default=2.0, gt=0)
-    drain_timeout_seconds: float = Field(default=60.0, ge=0)
+    """The whole configuration file."""
+
+    inboxes: list[InboxConfig] = Field(default_factory=list, description=(
+        "The watched folders, each with its own destinations and settings."))
+    state_dir: Path | None = Field(None, description=(
+        "Where the journal (SQLite), the console's previews and the daemon's identity "
+        "live: a local folder of one daemon's own. null: `/var/lib/ocrd` for a config "
+        "file under /etc (the service's StateDirectory=), else `state` in this file's "
+        "folder."))
+    rescan_seconds: float = Field(60.0, gt=0, description=(
+        "Seconds between full rescans of every inbox: change events are only hints, a "
+        "rescan finds what they missed."))
+    poll_seconds: float = Field(2.0, gt=0, description=(
+        "Seconds between scans of the inboxes watched by polling."))
+    drain_timeout_seconds: float = Field(60.0, ge=0, description=(
+        "On stop, seconds for the pages in flight to finish; what is left stays claimed "
+        "and resumes at the next start."))
     engine: EngineConfig = Field(default_factory=EngineConfig)
     render: RenderConfig = Field(default_factory=RenderConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -246,27 +338,10 @@ class Config(_Strict):
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     web: WebConfig = Field(default_factory=WebConfig)
-    inboxes: list[InboxConfig] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _folders_apart(self) -> Config:
-        """Refuse layouts that would feed outputs back in or mix inboxes."""
-        seen: dict[Path, str] = {}
-        for i, box in enumerate(self.inboxes):
-            inbox = _norm(box.path)
-            for name, dest in box.destinations().items():
-                d = _norm(dest)
-                if d == inbox or (box.recursive and inbox in d.parents):
-                    raise ValueError(
-                        f"inboxes[{i}].{name} {str(dest)!r} is inside its inbox "
-                        f"{str(box.path)!r}: outputs would be read back as input")
-            if inbox in seen:
-                raise ValueError(f"inboxes[{i}].path {str(box.path)!r} is listed twice")
-            seen[inbox] = f"inboxes[{i}]"
-        return self
 
     def resolve(self, base: Path) -> Config:
-        """Paths relative to the config file's folder become absolute."""
+        """Paths relative to the config file's folder `base` become absolute; state_dir
+        left out becomes its default for a config file there."""
         def fix(p: Path | None) -> Path | None:
             if p is None:
                 return None
@@ -274,7 +349,7 @@ class Config(_Strict):
             return p if p.is_absolute() else (base / p)
 
         data = self.model_copy(deep=True)
-        data.state_dir = fix(data.state_dir)  # type: ignore[assignment]
+        data.state_dir = fix(data.state_dir) or default_state_dir(base)
         token = data.web.token_file
         # A bare name may be a systemd credential (looked up at start); a path is a path.
         if token is not None and len(token.parts) > 1:
@@ -291,40 +366,26 @@ class Config(_Strict):
         return data
 
 
-def _norm(p: Path) -> Path:
-    return Path(os.path.normpath(os.path.abspath(p)))
-
-
-def describe_error(err: Any) -> str:
-    """One pydantic error as a line that names the key and the value."""
-    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "__root__")
-    msg = err.get("msg", "invalid")
-    if err.get("type") == "extra_forbidden":
-        return f"unknown key {loc!r} (value {err.get('input')!r}); check its spelling"
-    if err.get("type") == "missing":
-        return f"missing key {loc!r}"
-    msg = msg.removeprefix("Value error, ")
-    if loc:
-        value = err.get("input")
-        if isinstance(value, dict):
-            return f"{loc}: {msg}"
-        return f"{loc} = {value!r}: {msg}"
-    return msg
+def default_state_dir(base: Path) -> Path:
+    """state_dir for a config file in `base` that leaves it out."""
+    etc = Path("/etc")
+    return SERVICE_STATE_DIR if base == etc or etc in base.parents else base / "state"
 
 
 def parse_config(data: Any, base: Path) -> Config:
-    if not isinstance(data, dict):
-        raise ConfigError("the configuration must be a YAML mapping of keys to values")
-    try:
-        cfg = Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError("; ".join(describe_error(err) for err in e.errors())) from None
-    return cfg.resolve(base)
+    """The configuration in `data` (paths relative to `base`); ConfigError with every
+    problem found, one per line, when there is any."""
+    from .configcheck import check
+
+    return check(data, base).config_or_raise()
 
 
-def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
-    """The config in the file at `path`; `defaults` fill keys the file leaves out (for
-    commands that do not need them, such as `state_dir` for `ocrd convert`)."""
+def read_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Checked:
+    """Every problem of the config file at `path`, and what of it is usable;
+    `defaults` fill keys the file leaves out (for commands that do not need them).
+    ConfigError when the file cannot be read as YAML at all."""
+    from .configcheck import check
+
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -338,4 +399,10 @@ def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> C
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
     if defaults and isinstance(data, dict):
         data = {**defaults, **data}
-    return parse_config(data, p.resolve().parent)
+    return check(data, p.resolve().parent)
+
+
+def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
+    """The config in the file at `path` (see read_config); ConfigError with every
+    problem when there is any."""
+    return read_config(path, defaults).config_or_raise()

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, read_config
+from .configcheck import Checked
 
 ENV = "OCRD_CONFIG"
 # A module constant, read at each call, so that tests can point it elsewhere.
@@ -34,14 +35,29 @@ def find(given: Path | None, environ: Mapping[str, str] = os.environ) -> ConfigF
     if os.path.lexists(DEFAULT):
         return ConfigFile(DEFAULT, "default")
     raise ConfigError(f"no config file: give one with -c FILE, name it in ${ENV}, or write "
-                      f"{DEFAULT} (config.example.yaml documents every key)")
+                      f"{DEFAULT} (config.example.yaml is one to start from)")
+
+
+def read(found: ConfigFile) -> Checked:
+    """Every problem of the config in `found` (ConfigError if it cannot be read)."""
+    try:
+        return read_config(found.path)
+    except ConfigError as e:
+        raise noted(e, found) from None
 
 
 def load(found: ConfigFile) -> Config:
     """The config in `found`; an error names where the file's name came from."""
     try:
-        return load_config(found.path)
+        return read(found).config_or_raise()
     except ConfigError as e:
-        if found.origin == "-c":
-            raise
-        raise ConfigError(f"{e} [config file: {found}]") from None
+        raise noted(e, found) from None
+
+
+def noted(e: ConfigError, found: ConfigFile) -> ConfigError:
+    """`e`, saying which file it is about unless the command line named it."""
+    if found.origin == "-c" or any("[config file: " in p for p in e.problems):
+        return e
+    if len(e.problems) == 1:
+        return ConfigError(f"{e.problems[0]} [config file: {found}]")
+    return ConfigError(*e.problems, f"[config file: {found}]")

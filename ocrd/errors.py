@@ -136,6 +136,15 @@ def internal(e: BaseException, doing: str) -> InternalError:
     detail = str(e).strip().splitlines()
     what = f"{type(e).__name__}: {detail[0][:200]}" if detail else type(e).__name__
     return InternalError(f"internal error while {doing} ({what})", details=text)
+# Every reason a failed file can carry (error.json's `reason`; README, "Failure reasons"):
+# the classes' above, and those the daemon gives without raising one.
+REASONS: tuple[str, ...] = (
+    "empty", "truncated", "damaged", "unsupported_format", "encrypted", "too_many_pages",
+    "too_large", "unreadable", "not_a_regular_file", "render_failed", "engine_failed",
+    "too_many_attempts", "vanished", "not_claimed", "output_failed", "internal_error",
+    "pdf_failed")
+# Reasons of a page, never of a file (the sidecar's pages[].reason).
+PAGE_REASONS: tuple[str, ...] = ("page_too_small",)
 
 
 # Not failures of a file: conditions of the engine that the daemon waits out or dies of.

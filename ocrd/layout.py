@@ -20,11 +20,14 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def layout_problems(cfg: Config) -> list[str]:
+def layout_problems(cfg: Config, numbers: list[int] | None = None) -> list[str]:
     """Folder layouts that would destroy state or loop, compared after resolving links:
-    one line each. Refused by check-config, at start and at reload."""
+    one line each. Refused by check-config, at start and at reload. `numbers`: each
+    inbox's place in the config file's list (when some were left out), for the
+    messages."""
     problems: list[str] = []
-    boxes = [(i, box, _real(box.path)) for i, box in enumerate(cfg.inboxes)]
+    places = numbers if numbers is not None else range(len(cfg.inboxes))
+    boxes = [(i, box, _real(box.path)) for i, box in zip(places, cfg.inboxes, strict=True)]
 
     def reads(box: InboxConfig, inbox: Path, p: Path) -> bool:
         """The inbox would pick up what lies at p."""
@@ -56,10 +59,12 @@ def layout_problems(cfg: Config) -> list[str]:
     return problems
 
 
-def check_folders(cfg: Config) -> list[str]:
-    """Problems a running daemon would meet with the folders (check-config reports them)."""
-    problems = layout_problems(cfg)
-    for i, box in enumerate(cfg.inboxes):
+def check_folders(cfg: Config, numbers: list[int] | None = None) -> list[str]:
+    """Problems a running daemon would meet with the folders, besides the layout's
+    (check-config reports them). `numbers` as for layout_problems."""
+    problems: list[str] = []
+    places = numbers if numbers is not None else range(len(cfg.inboxes))
+    for i, box in zip(places, cfg.inboxes, strict=True):
         if not box.path.is_dir():
             problems.append(f"inboxes[{i}].path = {str(box.path)!r}: folder does not exist")
         elif not os.access(box.path, os.R_OK | os.W_OK | os.X_OK):
@@ -72,6 +77,4 @@ def check_folders(cfg: Config) -> list[str]:
                 parent = parent.parent
             if not os.access(parent, os.W_OK | os.X_OK):
                 problems.append(f"inboxes[{i}].{name} = {str(dest)!r}: not writable")
-    if not cfg.inboxes:
-        problems.append("inboxes: no inbox is configured; the daemon would have nothing to do")
     return problems

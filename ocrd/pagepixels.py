@@ -11,6 +11,7 @@ import ctypes
 import io
 import itertools
 import os
+import signal
 from dataclasses import dataclass, field
 
 from PIL import Image
@@ -97,6 +98,10 @@ _shared_seq = itertools.count()
 def _init_worker(tag: str | None, parent: int | None = None) -> None:
     global _shared_tag
     _shared_tag = tag
+    # Ctrl-C in a terminal reaches the whole process group; the daemon (or `ocrd
+    # convert`) stops its workers itself, so a worker must not die of it with a
+    # traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent is not None:
         _die_with_parent(parent)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from PIL import Image, ImageOps
 
-from . import errors, modes, pagepixels, pdffaults, resolution, safefs
+from . import errors, formats, modes, pagepixels, pdffaults, resolution, safefs
 from .pagepixels import (  # noqa: F401 - re-exported: pages.RenderedPage, pages.SHARED_DIR
     SHARED_DIR,
     SHARED_PREFIX,
@@ -159,7 +159,7 @@ def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int)
                               f"({max_bytes})")
     if b"%PDF" in head:  # some writers leave out the version's dash: PDFium reads them
         return _probe_pdf(path, tail, dpi, max_pages)
-    return _probe_image(path, head, max_pages, max_pixels)
+    return _probe_image(path, head, tail, max_pages, max_pixels)
 
 
 def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
@@ -241,7 +241,8 @@ def _pdf_error(text: str) -> errors.OcrdError:
     return pdffaults.pdf_error(text)
 
 
-def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> DocInfo:
+def _probe_image(path: str, head: bytes, tail: bytes, max_pages: int,
+                 max_pixels: int) -> DocInfo:
     try:
         return _read_image(path, max_pages, max_pixels)
     except errors.Truncated as cut:
@@ -261,9 +262,7 @@ def _probe_image(path: str, head: bytes, max_pages: int, max_pixels: int) -> Doc
         if _image_magic(head):
             raise errors.Truncated(f"the {_image_magic(head)} image is damaged or incomplete "
                                    "(its header cannot be read)") from None
-        raise errors.UnsupportedFormat(
-            "not a PDF or a supported image (PNG, JPEG, TIFF, WebP, BMP, GIF, PPM, "
-            f"JPEG 2000); it starts with {head[:8]!r}") from e
+        raise errors.UnsupportedFormat(formats.unsupported(head, tail)) from e
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - Pillow refused it while opening it

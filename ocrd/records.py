@@ -31,6 +31,16 @@ def iso(t: float | None) -> str | None:
         .replace("+00:00", "Z")
 
 
+def local_time(t: float | None, seconds: bool = True) -> str:
+    """A time.time() value in this machine's time zone, the zone named, for people:
+    2026-12-01 22:59:03 CET (to the minute without `seconds`); "" for none."""
+    if not t:
+        return ""
+    moment = datetime.fromtimestamp(t).astimezone()
+    zone = moment.strftime("%Z") or moment.strftime("UTC%z")
+    return moment.strftime("%Y-%m-%d %H:%M" + (":%S" if seconds else "")) + " " + zone
+
+
 def size_of(path: Path) -> int | None:
     """The size of a regular file at `path` (not following a link), else None."""
     try:

@@ -17,7 +17,8 @@ import contextlib
 import itertools
 import multiprocessing
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -60,6 +61,17 @@ def _raise_if_short() -> None:
     short = descriptors_short()
     if short is not None:
         raise short from None
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back in this thread while it may start worker processes: they start
+    with it blocked (the signal mask survives fork and exec), so that Ctrl-C in a
+    terminal, which reaches the whole process group, cannot kill a worker still starting
+    up; the daemon stops its workers itself. A SIGINT meanwhile comes after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class RenderPool:
@@ -86,9 +98,10 @@ class RenderPool:
         return f"{SHARED_PREFIX}{self._tag}-{gen}"
 
     def _executor(self, workers: int, tag: str | None) -> concurrent.futures.ProcessPoolExecutor:
-        return concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker, initargs=(tag, os.getpid()))
+        with _sigint_blocked():  # its queues may start multiprocessing's tracker
+            return concurrent.futures.ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker, initargs=(tag, os.getpid()))
 
     def _ensure(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
@@ -107,7 +120,9 @@ class RenderPool:
             await asyncio.to_thread(_remove_shared, SHARED_PREFIX, True)
         pool = self._ensure()
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(pool, _warm) for _ in range(self.workers)))
+        with _sigint_blocked():  # submitting starts the workers
+            warming = [loop.run_in_executor(pool, _warm) for _ in range(self.workers)]
+        await asyncio.gather(*warming)
 
     def _discard(self, generation: int) -> None:
         pool = self._pool
@@ -188,7 +203,8 @@ async def _run(executor: concurrent.futures.ProcessPoolExecutor, document: int,
     caller to handle; any other exception as InternalError."""
     loop = asyncio.get_running_loop()
     try:
-        fut = loop.run_in_executor(executor, _in_document, document, fn, *args)
+        with _sigint_blocked():  # submitting may start workers
+            fut = loop.run_in_executor(executor, _in_document, document, fn, *args)
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
         # that races with the result
         async with asyncio.timeout(limit):

@@ -92,19 +92,27 @@ class Dir:
         return cur
 
     def mkdir(self, name: str, mode: int = 0o755, gid: int | None = None) -> Dir:
-        """The subfolder `name`, created (mode, group) if it is not there."""
+        """The subfolder `name`, created (mode, group) if it is not there.
+
+        With a group to give, it is made private first and opened up once the group is
+        set. Without, it is made with `mode` at once: in a setgid folder (a share laid
+        out like systemd/ocrd.tmpfiles) it then takes the setgid bit and group from its
+        parent, and is only changed where the result differs from `mode`, so that
+        "2770" needs no chmod with the setgid bit — which the unit's
+        RestrictSUIDSGID=yes refuses (EPERM)."""
         _check_part(name)
         try:
-            os.mkdir(name, 0o700, dir_fd=self.fd)
+            os.mkdir(name, 0o700 if gid is not None else mode & 0o777, dir_fd=self.fd)
             created = True
         except FileExistsError:
             created = False
         d = self.sub(name)
         if created:
             try:
-                os.fchmod(d.fd, mode)
                 if gid is not None:
                     os.fchown(d.fd, -1, gid)
+                if gid is not None or stat.S_IMODE(os.fstat(d.fd).st_mode) != mode:
+                    os.fchmod(d.fd, mode)
             except BaseException:
                 d.close()
                 raise

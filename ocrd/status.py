@@ -31,14 +31,15 @@ def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
              "ocrd_pages_in_flight": "in_flight", "ocrd_candidates": "waiting_in_inbox"}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            # every one of these counts files or pages: whole numbers
             if sample.name in names:
-                out[names[sample.name]] = sample.value
+                out[names[sample.name]] = int(sample.value)
             elif sample.name == "ocrd_pages_total":
                 key = "pages_" + sample.labels.get("result", "?")
-                out[key] = out.get(key, 0) + sample.value
+                out[key] = out.get(key, 0) + int(sample.value)
             elif sample.name == "ocrd_files_total":
                 key = "files_" + sample.labels.get("result", "?")
-                out[key] = out.get(key, 0) + sample.value
+                out[key] = out.get(key, 0) + int(sample.value)
             elif sample.name == "ocrd_inbox_paused" and sample.value:
                 out.setdefault("paused_inboxes", []).append(
                     {"inbox": sample.labels.get("inbox", "?"),

@@ -28,6 +28,29 @@ from typing import Any
 
 import yaml
 
+# ocrd as a user installs it: `pip install .` into a virtual environment of its own,
+# without the test tools. scripts/test names that environment's `ocrd` command here for
+# its second pass; the daemon and the other `ocrd` commands the tests start are then
+# that one, so that a dependency only the test environment has cannot make them pass.
+USER_OCRD = "OCRD_TEST_OCRD"
+
+
+def ocrd_command() -> list[str]:
+    """How the tests start `ocrd`: the command in $OCRD_TEST_OCRD, else this
+    interpreter's `python -m ocrd` (the checkout's ocrd, with the test tools)."""
+    installed = os.environ.get(USER_OCRD)
+    return [installed] if installed else [sys.executable, "-m", "ocrd"]
+
+
+def ocrd_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for an `ocrd` the tests start: `env` (default: this process's),
+    without PYTHONPATH when it is the user's install (PYTHONPATH names the checkout,
+    which would stand in for the installed copy)."""
+    out = dict(os.environ if env is None else env)
+    if os.environ.get(USER_OCRD):
+        out.pop("PYTHONPATH", None)
+    return out
+
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1,
              error: type[Exception] = AssertionError) -> Any:
@@ -76,15 +99,15 @@ class DaemonProcess:
         self._first_of_run = len(self._events)
         # a line a killed run left unfinished is not joined to this run's first one
         self._read_to = self.log_path.stat().st_size if self.log_path.exists() else 0
-        env = {**os.environ, **self.env}
+        env = ocrd_env({**os.environ, **self.env})
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
             env.pop(name, None)
         env.update(systemd or {})
         with open(self.log_path, "ab") as logf:
             self.started_at = time.monotonic()
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "ocrd", "run", "-c",
-                 str(self.config_path)], cwd=self.cwd, stdout=logf,
+                [*self.prefix, *ocrd_command(), "run", "-c", str(self.config_path)],
+                cwd=self.cwd, stdout=logf,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         if wait_ready:

@@ -1,49 +1,145 @@
-"""Config: every key documented in config.example.yaml, errors that name key and value."""
+"""Config: the reference and the example generated from the models, a config of inbox
+folders only, every problem reported at once with the key and the value."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from ocrd.config import Config, ConfigError, InboxConfig, load_config, parse_config
+from ocrd import configdoc
+from ocrd.config import Config, ConfigError, load_config, parse_config
+from ocrd.configcheck import is_internal, section_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
-    out = set()
-    for name, field in model.model_fields.items():
-        out.add(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            out |= _keys(ann, prefix + name + ".")
+def _documented_keys(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
+    """Every key of the configuration that users set (inboxes' as `inboxes[].key`), and
+    every key only ocrd's tests use, apart."""
+    out = {}
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        out[key] = info
+        section = section_model(info.annotation)
+        if section is not None:
+            out |= _documented_keys(section, key + ("[]." if name == "inboxes" else "."))
     return out
 
 
-def _yaml_keys(data: object, prefix: str = "") -> set[str]:
-    out = set()
-    if isinstance(data, dict):
-        for k, v in data.items():
-            out.add(prefix + k)
-            if isinstance(v, dict) and k != "engine_args":
-                out |= _yaml_keys(v, prefix + k + ".")
-            if k == "inboxes" and isinstance(v, list):
-                for item in v:
-                    out |= _yaml_keys(item, "inboxes[].")
-    return out
+def test_generated_config_files_are_what_the_model_says() -> None:
+    """docs/configuration.md and config.example.yaml are generated from the models'
+    descriptions (ocrd/configdoc.py): an edit to either side alone fails here."""
+    for rel, text in configdoc.generated().items():
+        assert (ROOT / rel).read_text(encoding="utf-8") == text, \
+            f"{rel} differs from what the configuration's models say: run " \
+            "`python -m ocrd.configdoc` and commit the result"
 
 
-def test_example_config_is_valid_and_documents_every_key() -> None:
-    data = yaml.safe_load((ROOT / "config.example.yaml").read_text())
-    parse_config(data, ROOT)
-    documented = _yaml_keys(data)
-    expected = _keys(Config) - {"inboxes"} | {"inboxes"} | {
-        "inboxes[]." + k for k in _keys(InboxConfig)}
-    missing = expected - documented
-    assert not missing, f"config.example.yaml lacks: {sorted(missing)}"
+def test_every_key_has_its_text_in_the_reference_and_test_hooks_are_left_out() -> None:
+    reference = (ROOT / "docs" / "configuration.md").read_text()
+    example = (ROOT / "config.example.yaml").read_text()
+    keys = _documented_keys(Config)
+    internal = {k for k, info in keys.items() if is_internal(info)}
+    assert internal == {"engine.simulated", "engine.testing_faults"}
+    for key, info in keys.items():
+        hidden = any(key == k or key.startswith(k + ".") for k in internal)
+        if hidden:
+            assert f"`{key}`" not in reference
+            continue
+        if section_model(info.annotation) is None:
+            assert info.description and len(info.description) > 10, f"{key} has no text"
+            assert f"### `{key}`" in reference, f"{key} is not in the reference"
+    for text in (reference, example):
+        assert "simulated" not in text and "testing_faults" not in text
+        assert "OCRD_TEST" not in text and "round " not in text.lower()
+        assert not re.search(r"\bissue \d|H200|GPU_RESULTS", text)
+
+
+def test_the_example_is_short_valid_and_matches_the_tmpfiles_folders() -> None:
+    text = (ROOT / "config.example.yaml").read_text()
+    assert len(text.splitlines()) <= 60
+    data = yaml.safe_load(text)
+    assert next(iter(data)) == "inboxes", "the inboxes come first: they are what one edits"
+    cfg = parse_config(data, Path("/etc/ocrd"))
+    assert cfg.state_dir == Path("/var/lib/ocrd")
+    # the keys shown commented out are right too
+    uncommented = re.sub(r"^(\s*)# (\w+: \S+)$", r"\1\2", text, flags=re.M)
+    assert uncommented != text
+    parse_config(yaml.safe_load(uncommented), Path("/etc/ocrd"))
+    # the folders and modes systemd/ocrd.tmpfiles makes for the service
+    made = {Path(line.split()[1]): line.split()[2]
+            for line in (ROOT / "systemd" / "ocrd.tmpfiles").read_text().splitlines()
+            if line.startswith("d /srv/")}
+    (box,) = cfg.inboxes
+    for folder in [box.path, *box.destinations().values()]:
+        assert made.get(folder) == box.dir_mode, (folder, made)
+    assert box.file_mode_bits == box.dir_mode_bits & 0o666
+
+
+def test_a_config_of_inbox_folders_only_works(tmp_path: Path) -> None:
+    """state_dir defaults to `state` beside the file (/var/lib/ocrd for one under /etc);
+    originals stay in the inbox unless an archive folder is named."""
+    path = tmp_path / "config.yaml"
+    path.write_text("inboxes:\n  - {path: in, outbox: out, failed: failed}\n")
+    cfg = load_config(path)
+    assert cfg.state_dir == tmp_path / "state"
+    assert cfg.inboxes[0].on_success == "keep" and cfg.inboxes[0].archive is None
+    path.write_text("inboxes:\n  - {path: in, outbox: out, failed: failed, archive: a}\n")
+    box = load_config(path).inboxes[0]
+    assert box.on_success == "archive" and box.archive == tmp_path / "a"
+    etc = parse_config({"inboxes": [{"path": "/srv/in", "outbox": "/srv/out",
+                                     "failed": "/srv/failed"}]}, Path("/etc/ocrd"))
+    assert etc.state_dir == Path("/var/lib/ocrd")
+    assert parse_config({}, tmp_path).state_dir == tmp_path / "state"
+
+
+def test_check_config_reports_every_problem_at_once_one_line_each(tmp_path: Path) -> None:
+    """Mistakes that pydantic, a section's own checks, the layout and the folders find
+    (each stage used to stop at its first): all of them in one run, one line each,
+    every key in one notation."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+inboxes:
+  - path: {tmp_path}/in
+    outbox: {tmp_path}/in
+    failed: {tmp_path}/failed
+    on_success: archive
+    file_mode: "0999"
+    quiet_secnds: 3
+  - path: {tmp_path}/nowhere
+    outbox: {tmp_path}/out2
+    failed: {tmp_path}/failed2
+  - path: {tmp_path}/other
+    failed: {tmp_path}/failed3
+engine: {{kind: gpu}}
+web: {{listen: "0.0.0.0:9465"}}
+""")
+    res = subprocess.run([sys.executable, "-m", "ocrd", "check-config", "-c", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    expected = [
+        "engine.kind = 'gpu': must be one of auto, vllm, remote, tesseract",
+        "web.listen = '0.0.0.0:9465': not a loopback address",
+        "inboxes[0].file_mode = '0999': must be an octal mode",
+        "inboxes[0].quiet_secnds: unknown key (value 3); did you mean 'quiet_seconds'?",
+        "inboxes[0].on_success = 'archive': no 'archive' folder is set",
+        "inboxes[2].outbox: missing (where the Markdown goes)",
+        f"inboxes[0].outbox '{tmp_path}/in' overlaps its inbox",
+        f"inboxes[1].path = '{tmp_path}/nowhere': folder does not exist",
+    ]
+    assert len(lines) == len(expected), res.stderr
+    for want in expected:
+        assert sum(line.startswith("ocrd: " + want) for line in lines) == 1, (want, lines)
 
 
 def _base(tmp_path: Path, **inbox: object) -> dict:
@@ -54,12 +150,13 @@ def _base(tmp_path: Path, **inbox: object) -> dict:
 
 def test_unknown_key_is_named_with_its_value(tmp_path: Path) -> None:
     data = _base(tmp_path, recursve=True)
-    with pytest.raises(ConfigError, match=r"unknown key 'inboxes\.0\.recursve' \(value True\)"):
+    with pytest.raises(ConfigError, match=r"inboxes\[0\]\.recursve: unknown key \(value "
+                       r"True\); did you mean 'recursive'\?"):
         parse_config(data, tmp_path)
 
 
 def test_bad_value_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"inboxes\.0\.file_mode = '0999'"):
+    with pytest.raises(ConfigError, match=r"inboxes\[0\]\.file_mode = '0999'"):
         parse_config(_base(tmp_path, file_mode="0999"), tmp_path)
     with pytest.raises(ConfigError, match="no 'archive' folder"):
         parse_config(_base(tmp_path, on_success="archive"), tmp_path)
@@ -68,7 +165,7 @@ def test_bad_value_is_named(tmp_path: Path) -> None:
 def test_output_inside_inbox_is_refused(tmp_path: Path) -> None:
     data = _base(tmp_path)
     data["inboxes"][0]["outbox"] = str(tmp_path / "in")
-    with pytest.raises(ConfigError, match="inside its inbox"):
+    with pytest.raises(ConfigError, match=r"inboxes\[0\]\.outbox .* overlaps its inbox"):
         parse_config(data, tmp_path)
     data = _base(tmp_path, recursive=True)
     data["inboxes"][0]["failed"] = str(tmp_path / "in" / "failed")
@@ -106,10 +203,11 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
 
 
 def _layout(tmp_path: Path, state: Path, *boxes: dict) -> list[str]:
-    from ocrd.layout import layout_problems
+    """The problems of a configuration with these folders (each key and value is right
+    on its own: only the layout's checks can find anything)."""
+    from ocrd.configcheck import check
 
-    cfg = parse_config({"state_dir": str(state), "inboxes": list(boxes)}, tmp_path)
-    return layout_problems(cfg)
+    return check({"state_dir": str(state), "inboxes": list(boxes)}, tmp_path).problems
 
 
 def _box(tmp_path: Path, name: str, **kw: object) -> dict:

@@ -4,17 +4,20 @@ whole, and the original went where it should."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
-import sys
 import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from daemon_process import ocrd_command, ocrd_env
 from helpers import (
     Daemon,
     claimed_files,
@@ -181,10 +184,52 @@ def test_sigkill_mid_conversion_then_restart_converts_exactly_once(tmp_path: Pat
     assert claimed_files(d.inbox) == []
     meta = json.loads((d.outbox / "book.json").read_text())
     assert meta["page_count"] == 8 and [p["page"] for p in meta["pages"]] == list(range(1, 9))
-    out = subprocess.run([sys.executable, "-m", "ocrd", "status", "-c", str(d.config_path),
-                          "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([*ocrd_command(), "status", "-c", str(d.config_path), "--json"],
+                         capture_output=True, text=True, check=True, env=ocrd_env())
     counts = json.loads(out.stdout)["counts"]
     assert counts == {"done": 1}
+
+
+def test_ctrl_c_stops_the_daemon_without_tracebacks(tmp_path: Path) -> None:
+    """Ctrl-C in the terminal where `ocrd run` (or scripts/run-local) runs reaches its
+    whole process group, render workers included: the daemon stops as on SIGTERM, and
+    nobody prints a KeyboardInterrupt traceback."""
+    d = Daemon(tmp_path / "d")
+    with d:
+        d.start()
+        drop(make_pdf(tmp_path / "a.pdf", [sentence_lines(5, 3)]), d.inbox / "a.pdf")
+        wait_for(lambda: (d.outbox / "a.md").exists(), 60, "a.md")
+        assert d.events("page_rendered") or d.events("page_done")  # workers are running
+        os.killpg(d.pid, signal.SIGINT)
+        assert d.proc is not None and d.proc.wait(60) == 0
+    log = d.log_text()
+    assert d.event("stopped") is not None, log[-2000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+
+
+def _workers(pid: int) -> list[int]:
+    """The daemon's render worker processes (multiprocessing's spawned children)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out.append(int(child))
+    return out
+
+
+def test_ctrl_c_while_the_workers_start_stops_the_daemon_without_tracebacks(
+        tmp_path: Path) -> None:
+    """Ctrl-C the moment the daemon's first render worker exists (it is still starting
+    Python): nothing in the group may die of it with a traceback; the daemon stops."""
+    d = Daemon(tmp_path / "d")
+    with d:
+        d.start(wait_ready=False)
+        wait_for(lambda: _workers(d.pid), 60, "the first render worker", every=0.002)
+        os.killpg(d.pid, signal.SIGINT)
+        assert d.proc is not None and d.proc.wait(60) == 0, d.log_text()[-3000:]
+    log = d.log_text()
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
 
 
 def test_bad_files_land_in_failed_with_reasons_and_daemon_keeps_going(tmp_path: Path) -> None:
@@ -212,11 +257,21 @@ def test_bad_files_land_in_failed_with_reasons_and_daemon_keeps_going(tmp_path: 
         drop(good, d.inbox / "good.pdf")
         wait_for(lambda: (d.outbox / "good.md").exists(), 60, "good.md after the bad files")
         assert d.proc is not None and d.proc.poll() is None
+        # what `ocrd status --json` says meanwhile: whole numbers, ISO 8601 times
+        status = json.loads(subprocess.run(
+            [*ocrd_command(), "status", "--json", "-c", str(d.config_path)],
+            capture_output=True, text=True, check=True, env=ocrd_env()).stdout)
+        live = status["daemon"]
+        assert live["ready"] is True and live["files_ok"] == 1 and live["files_failed"] == 5, live
+        assert all(type(v) is int for k, v in live.items() if k != "ready"), live
+        assert status["counts"] == {"done": 1, "failed": 5}
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", f["finished"])
+                   for f in status["recent_failures"]), status["recent_failures"]
 
     for name, reason in expected.items():
         err = json.loads((d.failed / f"{name}.error.json").read_text())
         assert err["reason"] == reason, (name, err)
-        assert len(err["message"]) > 10
+        assert len(err["message"]) > 10 and "b'" not in err["message"]
         assert (d.failed / name).read_bytes() == bad[name]  # the original, untouched
     assert "qpdf --decrypt" in json.loads((d.failed / "locked.pdf.error.json").read_text())[
         "message"]
@@ -266,15 +321,15 @@ def test_a_file_ocrd_may_not_read_lands_in_failed_as_unreadable(tmp_path: Path) 
     assert files_under(d.outbox) == ["good.json", "good.md"]
     kept.chmod(0)
     private.chmod(0o700)  # pytest's clean-up
-    r = subprocess.run([*prefix, sys.executable, "-m", "ocrd", "convert", str(kept), "-o",
+    r = subprocess.run([*prefix, *ocrd_command(), "convert", str(kept), "-o",
                         str(tmp_path / "out"), "--engine", "tesseract"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=ocrd_env())
     assert r.returncode == 3 and "unreadable" in r.stderr, (r.returncode, r.stderr)
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ocrd", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+    return subprocess.run([*ocrd_command(), *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, env=ocrd_env())
 
 
 def test_check_config_names_the_bad_key_and_the_missing_inbox(tmp_path: Path) -> None:
@@ -293,7 +348,7 @@ inboxes:
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "inboxes.0.quiet_secnds" in lines[0] and "3" in lines[0]
+    assert "inboxes[0].quiet_secnds" in lines[0] and "3" in lines[0]
 
     missing = tmp_path / "missing.yaml"
     missing.write_text(f"""

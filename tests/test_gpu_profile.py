@@ -79,7 +79,8 @@ def test_a_key_the_chosen_layout_cannot_take_is_a_config_error_that_names_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_profile, "detect", lambda: [T4])
     cfg = EngineConfig.model_validate({"kind": "vllm", "vllm": {"api_servers": 4}})
-    with pytest.raises(ConfigError, match=r"engine\.vllm: api_servers 4 needs mode: managed"):
+    with pytest.raises(ConfigError, match=r"engine\.vllm\.api_servers = 4: api_servers 4 needs "
+                       r"mode: managed"):
         with_profile(cfg)
     monkeypatch.setattr(gpu_profile, "detect", lambda: [H200])
     assert with_profile(cfg).vllm.api_servers == 4
@@ -171,4 +172,4 @@ def test_check_config_names_the_layout_and_refuses_a_key_it_cannot_take(
     assert "vLLM inprocess, profile auto" in ok.stdout
     bad = check({"api_servers": 4})
     assert bad.returncode == 2
-    assert "engine.vllm: api_servers 4 needs mode: managed" in bad.stderr
+    assert "ocrd: engine.vllm.api_servers = 4: api_servers 4 needs mode: managed" in bad.stderr

@@ -4,6 +4,7 @@ server: filters and their validation, one file's facts with its sidecar, the sta
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,39 @@ def test_openapi_describes_the_api(site) -> None:
     assert {"/api/status", "/api/files", "/api/files/{id}", "/api/files/{id}/retry"} <= \
         set(spec["paths"])
     assert "post" in spec["paths"]["/api/files/{id}/retry"]
+
+
+def test_review_speaks_the_engines_words_rounds_durations_and_names_the_zone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tesseract page reads words (not tokens, no 'stop'); durations are rounded for a
+    person; times say which zone they are in (the server's: here Europe/Berlin)."""
+    import json
+    import time
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    site = build(tmp_path)
+    try:
+        sidecar = site.cfg.inboxes[0].outbox / "sub" / "report.json"
+        meta = json.loads(sidecar.read_text())
+        meta["timings"]["seconds"] = 2.9104
+        meta["pages"][0].update(tokens=64, finish_reason="stop", engine_seconds=2.4567)
+        sidecar.write_text(json.dumps(meta))
+        code, _, body = site.get(f"/files/{site.ids['done']}")
+        html = body.decode()
+        assert code == 200
+        assert "64 words" in html and "tokens" not in html and "stop" not in html
+        assert "2.5 s" in html and "2.4567" not in html
+        assert "<dd>2.9 s</dd>" in html and "2.9104" not in html
+        assert re.search(r"<dt>claimed</dt><dd>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d CES?T</dd>", html)
+
+        meta["engine"] = {"kind": "vllm", "model": "deepseek-ai/DeepSeek-OCR-2"}
+        meta["pages"][0].update(tokens=812, finish_reason="length", attempts=2,
+                                engine_seconds=75.2)
+        sidecar.write_text(json.dumps(meta))
+        html = site.get(f"/files/{site.ids['done']}")[2].decode()
+        assert "812 tokens · 2 attempts · cut at the length limit · 1 min 15 s" in html
+    finally:
+        site.stop()
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -1,9 +1,10 @@
 """The console in a real browser: headless Chromium (Debian's chromium + chromium-driver,
 driven by Selenium) against a real daemon. Files dropped into the inbox appear on the
 overview without a reload; the review page shows the page image and the Markdown's
-words; Retry on a failed file puts it through again; model output with script in it is
-shown as text and nothing runs. Screenshots of every page go to $OCRD_TEST_ARTIFACTS
-(default: test-artifacts/console/ in the repository).
+words; Retry on a failed file puts it through again; signing in with the token opens
+the console; model output with script in it is shown as text and nothing runs.
+Screenshots of every page go to $OCRD_TEST_ARTIFACTS (default: test-artifacts/console/
+in the repository).
 """
 
 from __future__ import annotations
@@ -143,6 +144,38 @@ def test_retry_button_puts_a_failed_file_through_again(browser, tmp_path: Path) 
         assert "retried" in text_of(browser, "#files") and "done" in text_of(browser, "#files")
         shot(browser, "failed-retried")
     finally:
+        daemon.stop()
+
+
+def test_sign_in_with_the_token_opens_the_console(browser, tmp_path: Path) -> None:
+    """With web.token_file set, the console asks for the token on a form (the way in off
+    loopback); a wrong one is refused with a sentence, the right one opens the overview."""
+    from selenium.webdriver.common.by import By
+
+    token = "s3cret-token-0123456789abcdef"
+    token_file = tmp_path / "web-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    daemon = Daemon(tmp_path, web={"listen": f"127.0.0.1:{port}",
+                                   "token_file": str(token_file)})
+    base = f"http://127.0.0.1:{port}"
+    daemon.start()
+    try:
+        browser.delete_all_cookies()
+        browser.get(base + "/")
+        wait_for(lambda: browser.current_url.endswith("/login"), 10, "the sign-in page")
+        browser.find_element(By.NAME, "token").send_keys("not-the-token-0123456789")
+        browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+        wait_for(lambda: "not the console's token" in text_of(browser, "main"), 10,
+                 "the wrong token refused")
+        browser.find_element(By.NAME, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+        wait_for(lambda: "ready" in text_of(browser, "#engine-state"), 30, "the overview")
+        assert not browser.current_url.endswith("/login")
+        shot(browser, "signed-in")
+    finally:
+        browser.delete_all_cookies()
         daemon.stop()
 
 

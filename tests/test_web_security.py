@@ -207,8 +207,9 @@ def test_token_from_systemd_credentials(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_ocrd_run_and_check_config_refuse_without_a_token(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
+    # metrics off: the default port may be taken by another daemon on this machine
     config = {"state_dir": str(tmp_path / "state"), "engine": {"kind": "tesseract"},
-              "web": {"listen": "0.0.0.0:0"},
+              "web": {"listen": "0.0.0.0:0"}, "metrics": {"listen": None},
               "inboxes": [{"path": str(tmp_path / "in"), "outbox": str(tmp_path / "out"),
                            "failed": str(tmp_path / "failed"), "on_success": "delete"}]}
     path = tmp_path / "c.yaml"
@@ -222,6 +223,6 @@ def test_ocrd_run_and_check_config_refuse_without_a_token(tmp_path: Path) -> Non
             for word in words:
                 assert word in proc.stderr, (command, proc.stderr)
 
-    refused(["web: listen '0.0.0.0:0' is not a loopback", "web.token_file"])
+    refused(["web.listen = '0.0.0.0:0': not a loopback", "web.token_file"])
     config["web"] = {"listen": "0.0.0.0:0", "token_file": str(tmp_path / "missing")}
     refused(["web.token_file", "cannot be read"])

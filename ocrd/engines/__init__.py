@@ -46,14 +46,16 @@ def with_profile(cfg: EngineConfig) -> EngineConfig:
     ConfigError names a configured key that the chosen layout cannot take."""
     from pydantic import ValidationError
 
-    from ..config import ConfigError, describe_error
+    from ..config import ConfigError
+    from ..configcheck import describe_error
+    from ..engine_config import VllmConfig
     from . import gpu_profile
 
     try:
         vllm, profile = gpu_profile.resolve(cfg.vllm)
     except ValidationError as e:
-        raise ConfigError("; ".join(f"engine.vllm: {describe_error(err)}"
-                                    for err in e.errors())) from None
+        raise ConfigError(*(describe_error(VllmConfig, err, ("engine", "vllm"))
+                            for err in e.errors())) from None
     overridden = sorted(k for k in profile.settings if k in cfg.vllm.model_fields_set)
     log.info("vllm_profile", profile=profile.name, reason=profile.reason,
              mode=vllm.mode, settings=profile.settings, overridden=overridden)

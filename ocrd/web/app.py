@@ -33,7 +33,7 @@ from . import api
 from .auth import COOKIE, Guard
 from .context import Context
 from .store import Opened
-from .views import job_facts, review_pages, size_text, state_of, when
+from .views import duration, job_facts, page_facts_text, review_pages, size_text, state_of, when
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -42,7 +42,8 @@ CHART_BUCKET = 600  # seconds per bar
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                           autoescape=True, trim_blocks=True, lstrip_blocks=True)
-_env.filters.update(when=when, size=size_text, shown=shown)
+_env.filters.update(when=when, size=size_text, shown=shown, duration=duration)
+_env.globals.update(page_facts_text=page_facts_text)
 
 
 def render(request: Request, name: str, status: int = 200, **context: object) -> Response:

@@ -4,11 +4,11 @@ order."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from ..journal import Job
 from ..names import printable, shown
+from ..records import local_time
 from .render import split_pages, to_html
 
 STATE_WORDS = {
@@ -48,9 +48,48 @@ def job_facts(job: Job) -> dict:
 
 
 def when(t: float | None) -> str:
-    if not t:
+    """A moment in the server's time zone, the zone named: 2026-12-01 22:59:03 CET."""
+    return local_time(t)
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds for a person: 0.42 s, 2.5 s, 42 s, 3 min 20 s, 2 h 05 min."""
+    if seconds is None:
         return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+# How the page stopped, where that is worth a look (a page that ends normally says "stop").
+FINISH_WORDS = {"length": "cut at the length limit", "abort": "aborted"}
+
+
+def page_facts_text(facts: dict, engine_kind: str | None) -> str:
+    """One line about a page in the engine's own words: tesseract reads words, a model
+    generates tokens and says why it stopped."""
+    parts = []
+    count = facts.get("tokens")
+    if isinstance(count, int):
+        unit = "word" if engine_kind == "tesseract" else "token"
+        parts.append(f"{count} {unit}{'s' * (count != 1)}")
+    attempts = facts.get("attempts")
+    if isinstance(attempts, int) and attempts > 1:
+        parts.append(f"{attempts} attempts")
+    reason = facts.get("finish_reason")
+    if engine_kind != "tesseract" and reason and reason != "stop":
+        parts.append(FINISH_WORDS.get(str(reason), f"stopped: {reason}"))
+    seconds = facts.get("engine_seconds")
+    if isinstance(seconds, int | float):
+        parts.append(duration(seconds))
+    return " · ".join(parts)
 
 
 def size_text(n: int | None) -> str:

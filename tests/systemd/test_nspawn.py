@@ -11,25 +11,23 @@ Shown: `systemctl start` returns only once ocrd sent READY=1; a dropped file con
 and restarted; `systemctl stop` lets the file in flight finish and ends with
 Result=success; the journal has ocrd's events as fields (EVENT=, OCRD_FILE=, …).
 
-Needs root and systemd-nspawn (apt-get install systemd-container). Without them the
-tests skip, or fail when OCRD_REQUIRE_SYSTEMD=1 (CI)."""
+The container itself: tests/systemd/nspawn.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import sysconfig
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nspawn
 import pytest
 import yaml
+from nspawn import cannot_run
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
@@ -46,21 +44,6 @@ WATCHDOG_DROPIN = """\
 # Test only: the watchdog step waits seconds, not a minute.
 WatchdogSec=8s
 """
-
-RUNNER_UNIT = """\
-[Unit]
-Description=ocrd systemd test runner
-SuccessAction=poweroff-force
-FailureAction=poweroff-force
-
-[Service]
-Type=oneshot
-ExecStart=/opt/ocrd/bin/python /ocrd-test/runner.py
-TimeoutStartSec=360
-StandardOutput=journal+console
-StandardError=journal+console
-"""
-
 
 def inbox(n: str = "") -> dict[str, Any]:
     return {"path": f"/srv/scans/inbox{n}", "outbox": f"/srv/scans/markdown{n}",
@@ -164,20 +147,11 @@ def make_documents(folder: Path) -> None:
 
 
 def unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "systemd-nspawn needs root"
-    if shutil.which("systemd-nspawn") is None:
-        return "systemd-nspawn is not installed (apt-get install systemd-container)"
-    if not os.path.exists("/usr/lib/systemd/systemd"):
-        return "systemd is not installed"
+    why = nspawn.unavailable()
+    if why:
+        return why
     python = service_python()
     return python if isinstance(python, str) else None
-
-
-def cannot_run(why: str) -> None:
-    if os.environ.get("OCRD_REQUIRE_SYSTEMD") == "1":
-        pytest.fail(f"OCRD_REQUIRE_SYSTEMD=1 but a real systemd cannot run here: {why}")
-    pytest.skip(why)
 
 
 @dataclass
@@ -216,37 +190,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     dropin = work / "ocrd.service.d"
     dropin.mkdir()
     (dropin / "test-watchdog.conf").write_text(WATCHDOG_DROPIN)
-    (work / "runner.service").write_text(RUNNER_UNIT)
     ro = [*binds_ro, *binds]
     etc = "/etc/systemd/system"
-    cmd = ["systemd-nspawn", "--quiet", "--directory=/", "--volatile=yes", "--register=no",
-           "--keep-unit", f"--machine=ocrd-test-{uuid.uuid4().hex[:8]}",
-           *(f"--bind-ro={p}" for p in ro),
-           f"--bind-ro={work / 'opt-ocrd'}:/opt/ocrd",
-           f"--bind-ro={test}:/ocrd-test",
-           f"--bind-ro={UNITS / 'ocrd.service'}:{etc}/ocrd.service",
-           f"--bind-ro={dropin}:{etc}/ocrd.service.d",
-           f"--bind-ro={work / 'runner.service'}:{etc}/runner.service",
-           f"--bind-ro={UNITS / 'ocrd.sysusers'}:/etc/sysusers.d/ocrd.conf",
-           f"--bind-ro={UNITS / 'ocrd.tmpfiles'}:/etc/tmpfiles.d/ocrd.conf",
-           f"--bind={out}:/out",
-           "--boot", "--console=pipe", "--", "systemd.unit=runner.service"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace")
-    try:
-        console, _ = proc.communicate(timeout=BOOT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        # SIGTERM makes systemd-nspawn power the container off; SIGKILL if even that hangs.
-        proc.send_signal(signal.SIGTERM)
-        try:
-            console, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            console, _ = proc.communicate()
-        console += f"\n[test] the container ran past {BOOT_TIMEOUT} s and was stopped"
-    (work / "console.log").write_text(console)
+    console, rc = nspawn.boot(work, "/opt/ocrd/bin/python /ocrd-test/runner.py", [
+        *(f"--bind-ro={p}" for p in ro),
+        f"--bind-ro={work / 'opt-ocrd'}:/opt/ocrd",
+        f"--bind-ro={test}:/ocrd-test",
+        f"--bind-ro={UNITS / 'ocrd.service'}:{etc}/ocrd.service",
+        f"--bind-ro={dropin}:{etc}/ocrd.service.d",
+        f"--bind-ro={UNITS / 'ocrd.sysusers'}:/etc/sysusers.d/ocrd.conf",
+        f"--bind-ro={UNITS / 'ocrd.tmpfiles'}:/etc/tmpfiles.d/ocrd.conf",
+        f"--bind={out}:/out"], timeout=BOOT_TIMEOUT, runner_timeout=360)
     if not (out / "started").exists():
-        cannot_run(f"the container did not boot (exit {proc.returncode}):\n{console[-3000:]}")
+        cannot_run(f"the container did not boot (exit {rc}):\n{console[-3000:]}")
     results = json.loads((out / "results.json").read_text()) \
         if (out / "results.json").exists() else {"error": "no results.json"}
     journal = [json.loads(line) for line in (out / "journal.json").read_text().splitlines()
