@@ -205,12 +205,16 @@ class WebConfig(_Strict):
     # file holding the access token (one line); relative names are looked up in
     # $CREDENTIALS_DIRECTORY first (systemd LoadCredential=). Required off loopback.
     token_file: Path | None = None
-    # a small JPEG of every rendered page (long side <= 1600 px), written while
-    # converting under state_dir/previews, for the review page; kept this many days and
-    # at most this many bytes in all (oldest documents removed first)
+    # page images for the review page, rendered from the original when first asked
+    # for (conversion pays nothing) and cached under state_dir/previews; kept this many
+    # days and at most this many bytes in all (oldest documents removed first)
     previews: bool = True
     previews_days: float = Field(default=30.0, gt=0)
     previews_max_bytes: int = Field(default=2 * 1024**3, ge=0)
+    # full-text search over every converted page (state_dir/search.sqlite3)
+    search: bool = True
+    # the largest file the console's upload form takes
+    upload_max_bytes: int = Field(default=200 * 1024**2, ge=0)
 
     _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 

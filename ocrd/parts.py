@@ -45,8 +45,7 @@ class Parts:
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
         slots = FairSlots(in_flight)
         converter = Converter(cfg, engine, pools[0], slots, metrics=daemon.metrics,
-                              liveness=daemon.liveness,
-                              previews=daemon.console.previews if daemon.console else None)
+                              liveness=daemon.liveness)
         parts: Parts
 
         def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first

@@ -32,6 +32,7 @@ class Candidate:
     checks: int = 0
     busy: bool = False  # a check or a claim is running
     reported: set[str] = field(default_factory=set)  # warnings already logged
+    why: str | None = None  # the last check's reason for waiting (empty, truncated ...)
 
     def key(self) -> tuple[int, int, int]:
         return (self.entry.size, self.entry.mtime_ns, self.entry.ino)
@@ -135,6 +136,7 @@ class Tracker:
         elif (entry.size, entry.mtime_ns, entry.ino) != cand.key():
             cand.entry = entry
             cand.last_change = now
+            cand.why = None
             cand.closed = False
             cand.next_check = 0.0
         if closed:
