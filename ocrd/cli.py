@@ -184,7 +184,7 @@ def _tls_files(cfg: Config) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .journal import Journal
-    from .status import daemon_metrics
+    from .status import console_status, daemon_metrics, file_lines
 
     found = configfile.find(args.config)
     cfg = configfile.load(found)
@@ -199,10 +199,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     failures = journal.recent_failures(args.n)
     journal.close()
     live = daemon_metrics(cfg.metrics.listen) if cfg.metrics.listen else None
+    console = console_status(cfg.web)
     if args.json:
         print(json.dumps({
             "config": {"path": str(found.path), "origin": found.origin},
             "counts": counts, "daemon": live,
+            "waiting": console.get("waiting") if console else None,
+            "converting": console.get("converting") if console else None,
+            "problems": console.get("problems") if console else None,
             "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
                                  "message": j.message, "moved_to": shown(j.output or ""),
                                  "finished": j.finished}
@@ -217,6 +221,13 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{live.get('pages_ok', 0):.0f} pages done since start")
     order = ["claimed", "converting", "finishing", "done", "failed"]
     print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
+    if console is not None:
+        lines = file_lines(console)
+        print("files by name:" if lines else "no file waiting or converting")
+        for line in lines:
+            print(line)
+    elif cfg.web.listen:
+        print("files by name: the console does not answer (web.listen)")
     if failures:
         print("recent failures:")
         for j in failures:
