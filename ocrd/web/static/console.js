@@ -27,13 +27,33 @@
       if (old.getAttribute(attr.name) !== attr.value) old.setAttribute(attr.name, attr.value);
     }
     if (old.nodeName === "PROGRESS") old.value = fresh.value;
-    const a = Array.from(old.childNodes);
-    const b = Array.from(fresh.childNodes);
-    for (let i = 0; i < b.length; i++) {
-      if (i < a.length) morph(a[i], b[i]);
-      else old.appendChild(b[i]);
+    // children: matched by id where they have one, else by position among the rest
+    const byId = new Map();
+    for (const c of old.childNodes) if (c.id) byId.set(c.id, c);
+    let cursor = old.firstChild;
+    for (const f of Array.from(fresh.childNodes)) {
+      let match = f.id ? byId.get(f.id) : null;
+      if (!match && !f.id && cursor && !cursor.id && cursor.nodeName === f.nodeName) match = cursor;
+      if (match) {
+        // nodes without an id before the match are gone: remove them rather than move
+        // the match (moving a node takes the focus from anything inside it)
+        while (cursor && cursor !== match && !cursor.id) {
+          const next = cursor.nextSibling;
+          cursor.remove();
+          cursor = next;
+        }
+        if (match !== cursor) old.insertBefore(match, cursor);
+        else cursor = cursor.nextSibling;
+        morph(match, f);
+      } else {
+        old.insertBefore(f, cursor);
+      }
     }
-    for (let i = b.length; i < a.length; i++) a[i].remove();
+    while (cursor) {
+      const next = cursor.nextSibling;
+      cursor.remove();
+      cursor = next;
+    }
   }
 
   async function refresh() {
