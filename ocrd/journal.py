@@ -330,10 +330,10 @@ class Journal:
             (bucket_seconds, bucket_seconds, since))
         return {int(t): int(n) for t, n in rows}
 
-    def done_since(self, since: float, limit: int) -> list[Job]:
-        """Done rows finished at or after `since`, oldest first (the search indexer)."""
-        return self._many("WHERE state='done' AND finished >= ? ORDER BY finished, id "
-                          "LIMIT ?", since, limit)
+    def done_after(self, finished: float, job_id: int, limit: int) -> list[Job]:
+        """Done rows after (finished, id), in that order (the search indexer's walk)."""
+        return self._many("WHERE state='done' AND (finished > ? OR (finished = ? AND id > ?))"
+                          " ORDER BY finished, id LIMIT ?", finished, finished, job_id, limit)
 
     def names_of(self, job_ids: list[int]) -> dict[int, Job]:
         if not job_ids:

@@ -270,12 +270,14 @@ class SearchIndex:
         return {r[0] for r in self.db.execute(
             f"SELECT job_id FROM docs WHERE job_id IN ({marks})", job_ids)}
 
-    def watermark(self) -> float:
-        row = self.db.execute("SELECT value FROM progress WHERE key='finished'").fetchone()
-        return float(row[0]) if row else 0.0
+    def watermark(self) -> tuple[float, int]:
+        """(finished, id) of the last journal row looked at."""
+        got = dict(self.db.execute("SELECT key, value FROM progress"))
+        return float(got.get("finished", 0.0)), int(got.get("id", 0))
 
-    def set_watermark(self, value: float) -> None:
-        self.db.execute("INSERT OR REPLACE INTO progress VALUES ('finished', ?)", (value,))
+    def set_watermark(self, finished: float, job_id: int) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO progress VALUES (?, ?)",
+                            (("finished", finished), ("id", job_id)))
 
     # -- asking -------------------------------------------------------------------------
 
@@ -307,11 +309,11 @@ class Indexer:
     """Fills the index from the journal's done rows and their Markdown, on a thread of
     its own, a batch at a time with pauses between: conversion comes first."""
 
-    def __init__(self, path: Path, rows: Callable[[float, int], list],
+    def __init__(self, path: Path, rows: Callable[[tuple[float, int], int], list],
                  read: Callable[[object], str | None], every: float = 2.0,
                  batch: int = 50) -> None:
         self.path = path
-        self.rows = rows  # (since, limit) -> done Jobs, oldest finished first
+        self.rows = rows  # ((finished, id), limit) -> the done Jobs after it, in order
         self.read = read  # Job -> its Markdown, or None
         self.every = every
         self.batch = batch
@@ -356,8 +358,7 @@ class Indexer:
 
     def step(self, index: SearchIndex) -> bool:
         """Index one batch; True when there may be more."""
-        since = index.watermark()
-        jobs = self.rows(since, self.batch)
+        jobs = self.rows(index.watermark(), self.batch)
         if not jobs:
             return False
         known = index.known([j.id for j in jobs])
@@ -372,8 +373,5 @@ class Indexer:
             pages = [(p.page, plain_text(p.markdown)) for p in split_pages(markdown)]
             index.add(job.id, job.inbox, job.output or "", job.finished or 0.0, pages)
             self.indexed += 1
-        last = max(j.finished or 0.0 for j in jobs)
-        index.set_watermark(last)
-        # rows finished at the same instant as the last one are asked for again (>=);
-        # only when a whole batch shares it would that loop: then step past it
-        return len(jobs) == self.batch and last > since
+        index.set_watermark(jobs[-1].finished or 0.0, jobs[-1].id)
+        return len(jobs) == self.batch

@@ -146,7 +146,8 @@ def search(request: Request) -> Response:
                             status_code=400)
     hits, total, error = search_results(request.app.state.ctx, q.get("q") or "", limit,
                                         offset)
-    if error:
+    if error or not (q.get("q") or "").strip():
+        error = error or "q: type one or more words to find"
         return JSONResponse({"error": error}, status_code=400)
     return JSONResponse({"total": total, "limit": limit, "offset": offset, "hits": hits})
 

@@ -38,7 +38,7 @@ class Console:
         self.ctx = Context(cfg, store, live.get if live is not None else lambda: None,
                            token, load_secret(cfg.state_dir))
         self.indexer = Indexer(store.search_path,
-                               lambda since, n: store.journal().done_since(since, n),
+                               lambda after, n: store.journal().done_after(*after, n),
                                lambda job: store.text(job, ".md")) if web.search else None
         self.address: str | None = None
         self._server: uvicorn.Server | None = None
