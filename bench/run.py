@@ -25,6 +25,7 @@ from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 from bench.remote_client import REMOTE_CASES  # noqa: E402
+from bench.search import SEARCH_CASES  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 RESULTS_HEADER = """# Benchmark results
@@ -98,6 +99,13 @@ def summary(r: Result) -> str:
                 f"{d['best_per_s']['old']} pages/s, {d['median_cpu_ms']['aiohttp']} vs "
                 f"{d['median_cpu_ms']['old']} client CPU ms a page (server "
                 f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
+    if r.name == "search_p95_vs_100ms_100k_pages":
+        worst = d["queries"][d["worst"]]
+        return (f"{d['index']['pages']} pages ({d['index']['index_mb']} MB); worst p95 "
+                f"{worst['p95_ms']} ms: {d['worst']}")
+    if r.name == "search_on_vs_off_throughput":
+        return (f"{max(x['pages_per_s'] for x in d['on']):.2f} vs "
+                f"{max(x['pages_per_s'] for x in d['off']):.2f} pages/s")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
@@ -105,6 +113,7 @@ def summary(r: Result) -> str:
 
 CASES.update(CONSOLE_CASES)
 CASES.update(REMOTE_CASES)
+CASES.update(SEARCH_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ rebuilt from the outbox.
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
 import os
 import re
@@ -43,7 +44,7 @@ CREATE TABLE IF NOT EXISTS pages (
 );
 CREATE INDEX IF NOT EXISTS pages_job ON pages(job_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS page_words USING fts5(
-    words, content='', tokenize='unicode61 remove_diacritics 2');
+    words, content='', tokenize='unicode61 remove_diacritics 2', prefix='2 3 4');
 CREATE TABLE IF NOT EXISTS progress (key TEXT PRIMARY KEY, value REAL NOT NULL);
 """
 
@@ -57,6 +58,13 @@ _MARKUP = re.compile(r"[#*_`|>~\[\]]+|!?\]\([^)\n]*\)")
 _SPACES = re.compile(r"[ \t]+")
 _QUERY_PART = re.compile(r'"([^"]*)"|(\S+)')
 SNIPPET_CHARS = 160
+# Ranking (bm25) costs time for every matching page: a query that matches more pages
+# than this lists them newest first instead, which SQLite streams.
+RANK_AT_MOST = 1000
+# Counting stops here ("more than 10,000 pages"): counting every page of a word that is
+# on most of them costs more than the answer is worth.
+COUNT_AT_MOST = 10_000
+MIN_PREFIX = 2  # characters before a `*`; a shorter prefix is a whole word
 MAX_TERMS = 16
 NICE = 10  # the indexer thread's niceness
 
@@ -87,7 +95,8 @@ class Query:
         parts, terms = [], []
         for m in _QUERY_PART.finditer(text[:500]):
             raw = m.group(1) if m.group(1) is not None else m.group(2)
-            prefix = m.group(2) is not None and raw.endswith("*")
+            prefix = m.group(2) is not None and raw.endswith("*") and \
+                len(raw.rstrip("*")) >= MIN_PREFIX
             tokens = _TOKEN.findall(raw)
             if not tokens:
                 continue
@@ -107,6 +116,7 @@ def _phrase(tokens: list[str], prefix: bool) -> str:
     return inner
 
 
+@functools.lru_cache(maxsize=65536)
 def _fold_char(c: str) -> str:
     """One character, case and accents folded, still one character (positions in the
     folded text are positions in the original)."""
@@ -117,7 +127,9 @@ def _fold_char(c: str) -> str:
 
 
 def _fold(text: str) -> str:
-    return "".join(_fold_char(c) for c in text)
+    if text.isascii():
+        return text.lower()
+    return "".join(map(_fold_char, text))
 
 
 def spans(text: str, terms: Iterable[str]) -> list[tuple[int, int]]:
@@ -283,16 +295,19 @@ class SearchIndex:
 
     def search(self, query: Query, limit: int = 20, offset: int = 0,
                job_ids: list[int] | None = None) -> tuple[list[Hit], int]:
-        """Pages that have every word, best first, and how many there are in all."""
+        """Pages that have every word, best first, and how many there are in all (at most
+        COUNT_AT_MOST + 1: "more than COUNT_AT_MOST")."""
         if not query.match:
             return [], 0
         try:
-            total = int(self.db.execute("SELECT count(*) FROM page_words WHERE page_words "
-                                        "MATCH ?", (query.match,)).fetchone()[0])
+            total = int(self.db.execute(
+                "SELECT count(*) FROM (SELECT rowid FROM page_words WHERE page_words MATCH ? "
+                "LIMIT ?)", (query.match, COUNT_AT_MOST + 1)).fetchone()[0])
+            order = "rank" if total <= RANK_AT_MOST else "rowid DESC"
             rows = self.db.execute(
-                "SELECT p.job_id, p.page, p.text FROM (SELECT rowid, rank FROM page_words "
-                "WHERE page_words MATCH ? ORDER BY rank LIMIT ? OFFSET ?) AS m "
-                "JOIN pages p ON p.id = m.rowid ORDER BY m.rank",
+                "SELECT p.job_id, p.page, p.text FROM (SELECT rowid, rank AS score FROM "
+                f"page_words WHERE page_words MATCH ? ORDER BY {order} LIMIT ? OFFSET ?) "
+                f"AS m JOIN pages p ON p.id = m.rowid ORDER BY m.{order.replace('rank', 'score')}",
                 (query.match, limit, offset)).fetchall()
         except sqlite3.OperationalError as e:
             if "no such table" in str(e):

@@ -333,7 +333,8 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
 
     cfg = parse_config({"state_dir": str(tmp_path / "s"), "inboxes": [{
         "path": str(tmp_path / "in"), "outbox": str(tmp_path / "out"),
-        "failed": str(tmp_path / "f"), "on_success": "delete", "quiet_seconds": 5, "incomplete_seconds": 600}]},
+        "failed": str(tmp_path / "f"), "on_success": "delete", "quiet_seconds": 5,
+        "incomplete_seconds": 600}]},
         tmp_path)
     clock = [1000.0]
     tracker = Tracker(5, 600, False, clock=lambda: clock[0])
@@ -357,7 +358,7 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
     assert waiting_files(inbox, False, clock[0] + 1, wall)[0].reason == "engine_down"
 
 
-# -- small things ------------------------------------------------------------------------------------
+# -- small things ----------------------------------------------------------------------------
 
 def test_small_things(site) -> None:
     status, headers, body = site.get("/favicon.ico")
@@ -389,5 +390,41 @@ def test_the_pager_can_jump(tmp_path: Path) -> None:
         assert "page 2 of 4" in html and 'name="page"' in html and 'max="4"' in html
         assert "last »" in html and 'href="/files?page=4"' in html
         assert "page 4 of 4" in site.get("/files?page=4")[2].decode()
+    finally:
+        site.stop()
+
+
+def test_the_chart_caption_agrees_with_the_running_bar(tmp_path: Path) -> None:
+    """The last bar is still running: its pages are divided by the time it has had, not
+    by a whole bar's ten minutes (which made the caption's figure a fraction of the
+    rate shown above it)."""
+    import re
+
+    from ocrd.journal import Journal
+    from ocrd.web.app import CHART_BUCKET
+
+    site = build(tmp_path, start=False)
+    journal = Journal(site.cfg.state_dir / "journal.sqlite3")
+    job = journal.begin_claim(str(site.cfg.inboxes[0].path), "fresh.pdf", "", 1, 1)
+    journal.claimed(job)
+    journal.done(job, str(site.cfg.inboxes[0].outbox / "fresh.md"), None, pages=120)
+    journal.close()
+    from ocrd.web import Console
+
+    site.console = Console.start(site.cfg, None)
+    try:
+        # (a request that straddles a bar's boundary is asked again: the file's pages
+        # then belong to the bar before)
+        for _ in range(3):
+            before = time.time()
+            html = site.get("/")[2].decode()
+            if before // CHART_BUCKET == time.time() // CHART_BUCKET:
+                break
+        elapsed = max(60.0, before - before // CHART_BUCKET * CHART_BUCKET)
+        finished = site.json(f"/api/files/{job}")["file"]["finished"]
+        expected = 120 / elapsed if finished // CHART_BUCKET == before // CHART_BUCKET else 0
+        shown = float(re.search(r"now ([0-9.]+)\)", html).group(1))
+        assert abs(shown - expected) < 0.05 + expected * 0.1, (shown, expected)
+        assert "10-minute averages" in html and "over the last minute" in html
     finally:
         site.stop()

@@ -131,8 +131,13 @@ def test_retry_button_puts_a_failed_file_through_again(browser, tmp_path: Path) 
         daemon.write_config()
         daemon.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: daemon.event("reloaded"), 30, "reload")
-        browser.find_element(By.CSS_SELECTOR, "button.retry[data-file='long.pdf']").click()
-        wait_for(lambda: "Put back into its inbox" in text_of(browser, "#retried"), 10,
+        # too_many_pages: the same file fails the same way unless the person says the
+        # cause is gone (here: the limit raised)
+        browser.find_element(By.CSS_SELECTOR, "#failed input[name=cause_gone]").click()
+        browser.find_element(
+            By.CSS_SELECTOR, "button[aria-label='Retry long.pdf (after removing the cause)']"
+        ).click()
+        wait_for(lambda: "Put back into its inbox" in text_of(browser, "#flash"), 10,
                  "retry confirmed")
         assert not (daemon.failed / "long.pdf.error.json").exists()
         browser.get(base + "/")

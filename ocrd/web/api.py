@@ -130,7 +130,8 @@ def search(request: Request) -> Response:
       - {name: offset, in: query, schema: {type: integer, default: 0}}
     responses:
       200: {description: "{total, hits: [{file, page, snippet (HTML, hits in <mark>),
-        review}]}, best first"}
+        review}]}, best first (newest first when more than 1,000 pages match); a total
+        of 10,001 means more than 10,000"}
       400: {description: no words, or a bad number}
     """
     from .app import search_results

@@ -21,7 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..journal import FILTER_STATES, FileFilter
 from ..names import shown
-from ..search import Query
+from ..search import COUNT_AT_MOST, Query
 from . import actions, api, serve
 from .auth import COOKIE, Guard
 from .context import Context
@@ -143,7 +143,8 @@ def search(request: Request) -> Response:
                                            (page - 1) * SEARCH_PAGE_SIZE)
     return render(request, "search.html", status=400 if error and text else 200, q=text,
                   results=results, total=total, page=page, error=error,
-                  pages=max(1, math.ceil(total / SEARCH_PAGE_SIZE)),
+                  pages=max(1, math.ceil(min(total, COUNT_AT_MOST) / SEARCH_PAGE_SIZE)),
+                  count_at_most=COUNT_AT_MOST,
                   link=lambda n: "/search?" + urlencode({"q": text, "page": n}),
                   hidden={"q": text})
 
