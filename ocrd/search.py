@@ -61,9 +61,9 @@ SNIPPET_CHARS = 160
 # Ranking (bm25) costs time for every matching page: a query that matches more pages
 # than this lists them newest first instead, which SQLite streams.
 RANK_AT_MOST = 1000
-# Counting stops here ("more than 10,000 pages"): counting every page of a word that is
+# Counting stops here ("more than 1000 pages"): counting every page of a word that is
 # on most of them costs more than the answer is worth.
-COUNT_AT_MOST = 10_000
+COUNT_AT_MOST = RANK_AT_MOST
 MIN_PREFIX = 2  # characters before a `*`; a shorter prefix is a whole word
 MAX_TERMS = 16
 NICE = 10  # the indexer thread's niceness

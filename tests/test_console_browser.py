@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,34 +23,13 @@ from helpers import Daemon, drop, free_port, make_pdf, sentence_lines, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
 ROOT = Path(__file__).resolve().parents[1]
 AXE = ROOT / ".test-npm" / "axe-core" / "axe.min.js"
 ARTIFACTS = Path(os.environ.get("OCRD_TEST_ARTIFACTS") or ROOT / "test-artifacts" / "console")
-DESKTOP = (1440, 1000)
+DESKTOP = (1440, 1100)  # as test_web_browser's browser starts
 PHONE = (390, 844)
 INVOICE = ["Invoice 2291 from Office Supplies Ltd", "One toner cartridge, black, 89.00",
            "Two packs of printer paper, 12.40", "Payable within thirty days"]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("chromium and chromium-driver are needed (scripts/test installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={DESKTOP[0]},{DESKTOP[1]}", "--no-first-run",
-                "--disable-extensions"):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
 
 
 def turned_pdf(path: Path) -> Path:

@@ -7,6 +7,8 @@ in a cookie, not in the URL: a reload shows the page, not the message again.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TypeVar
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -128,71 +130,74 @@ def refusal(reason: str | None, cause_gone: bool) -> str | None:
             "have, confirm that the cause is gone.")
 
 
-async def retry(ctx: Context, job_id: int, cause_gone: bool = False) -> tuple[bool, str]:
-    """(True, where it went) or (False, why not); the work runs in a thread."""
-    def run() -> tuple[bool, str]:
+T = TypeVar("T")
+
+
+async def _with_journal(ctx: Context, work: Callable[[Journal], T]) -> T:
+    """work(journal) in a thread, one action at a time (two clicks on the same file
+    must not both move it), on a writable connection of its own."""
+    def run() -> T:
         with ctx.retry_lock:
             journal = Journal(ctx.store.journal_path)
             try:
-                job = journal.get(job_id)
-                if job is None or ctx.store.inbox(job) is None:
-                    return False, "no such file"
-                if job.state == "failed" and (why := refusal(job.reason, cause_gone)):
-                    return False, why
-                return True, shown(str(retry_job(ctx.cfg, journal, job)))
-            except RetryError as e:
-                return False, str(e)
+                return work(journal)
             finally:
                 journal.close()
 
     return await asyncio.to_thread(run)
+
+
+async def retry(ctx: Context, job_id: int, cause_gone: bool = False) -> tuple[bool, str]:
+    """(True, where it went) or (False, why not)."""
+    def work(journal: Journal) -> tuple[bool, str]:
+        job = journal.get(job_id)
+        if job is None or ctx.store.inbox(job) is None:
+            return False, "no such file"
+        if job.state == "failed" and (why := refusal(job.reason, cause_gone)):
+            return False, why
+        try:
+            return True, shown(str(retry_job(ctx.cfg, journal, job)))
+        except RetryError as e:
+            return False, str(e)
+
+    return await _with_journal(ctx, work)
 
 
 async def retry_reason(ctx: Context, reason: str, cause_gone: bool
                        ) -> tuple[int, list[str]]:
     """Every failed file of `reason` back into its inbox: (how many, problems)."""
-    def run() -> tuple[int, list[str]]:
-        if not reason:
-            return 0, ["Choose a reason."]
-        if why := refusal(reason, cause_gone):
-            return 0, [why]
-        with ctx.retry_lock:
-            journal = Journal(ctx.store.journal_path)
-            try:
-                jobs = journal.find(FileFilter(state="failed", reason=reason), MAX_RETRY_ALL)
-                if not jobs:
-                    return 0, [f"No failed file has the reason {reason}."]
-                done, problems = 0, []
-                for job in jobs:
-                    if ctx.store.inbox(job) is None:
-                        problems.append(f"{shown(job.relpath)}: its inbox is no longer "
-                                        "configured")
-                        continue
-                    try:
-                        retry_job(ctx.cfg, journal, job)
-                        done += 1
-                    except RetryError as e:
-                        problems.append(str(e))
-                return done, problems
-            finally:
-                journal.close()
+    if not reason:
+        return 0, ["Choose a reason."]
+    if why := refusal(reason, cause_gone):
+        return 0, [why]
 
-    return await asyncio.to_thread(run)
+    def work(journal: Journal) -> tuple[int, list[str]]:
+        jobs = journal.find(FileFilter(state="failed", reason=reason), MAX_RETRY_ALL)
+        if not jobs:
+            return 0, [f"No failed file has the reason {reason}."]
+        done, problems = 0, []
+        for job in jobs:
+            if ctx.store.inbox(job) is None:
+                problems.append(f"{shown(job.relpath)}: its inbox is no longer configured")
+                continue
+            try:
+                retry_job(ctx.cfg, journal, job)
+                done += 1
+            except RetryError as e:
+                problems.append(str(e))
+        return done, problems
+
+    return await _with_journal(ctx, work)
 
 
 async def dismiss(ctx: Context, job_id: int) -> tuple[bool, str]:
-    def run() -> tuple[bool, str]:
-        with ctx.retry_lock:
-            journal = Journal(ctx.store.journal_path)
-            try:
-                job = journal.get(job_id)
-                if job is None or ctx.store.inbox(job) is None:
-                    return False, "no such file"
-                if not journal.dismiss(job_id):
-                    return False, f"{shown(job.relpath)} is not failed (state: {job.state})"
-                return True, (f"{shown(job.relpath)} dismissed: off the Failed list; its "
-                              "original stays in the failed folder.")
-            finally:
-                journal.close()
+    def work(journal: Journal) -> tuple[bool, str]:
+        job = journal.get(job_id)
+        if job is None or ctx.store.inbox(job) is None:
+            return False, "no such file"
+        if not journal.dismiss(job_id):
+            return False, f"{shown(job.relpath)} is not failed (state: {job.state})"
+        return True, (f"{shown(job.relpath)} dismissed: off the Failed list; its original "
+                      "stays in the failed folder.")
 
-    return await asyncio.to_thread(run)
+    return await _with_journal(ctx, work)

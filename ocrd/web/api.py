@@ -82,14 +82,10 @@ def files(request: Request) -> Response:
     if state == "waiting":
         waiting = waiting_list(ctx.live())
         return JSONResponse({"total": len(waiting), "waiting": waiting, "files": []})
-    try:
-        limit = int(q.get("limit") or 50)
-        offset = int(q.get("offset") or 0)
-    except ValueError:
-        return JSONResponse({"error": "limit and offset must be integers"}, status_code=400)
-    if not 1 <= limit <= MAX_LIMIT or offset < 0:
-        return JSONResponse({"error": f"limit must be 1..{MAX_LIMIT}, offset >= 0"},
-                            status_code=400)
+    window = _window(request, 50)
+    if isinstance(window, Response):
+        return window
+    limit, offset = window
     where = FileFilter(state=state if state in FILTER_STATES else None,
                        inbox=q.get("inbox") or None, name=q.get("q") or None,
                        reason=q.get("reason") or None)
@@ -130,27 +126,37 @@ def search(request: Request) -> Response:
       - {name: offset, in: query, schema: {type: integer, default: 0}}
     responses:
       200: {description: "{total, hits: [{file, page, snippet (HTML, hits in <mark>),
-        review}]}, best first (newest first when more than 1,000 pages match); a total
-        of 10,001 means more than 10,000"}
+        review}]}, best first (newest first when more than 1000 pages match); a total
+        of 1001 means more than 1000"}
       400: {description: no words, or a bad number}
     """
     from .app import search_results
 
     q = request.query_params
-    try:
-        limit = int(q.get("limit") or 20)
-        offset = int(q.get("offset") or 0)
-    except ValueError:
-        return JSONResponse({"error": "limit and offset must be integers"}, status_code=400)
-    if not 1 <= limit <= MAX_LIMIT or offset < 0:
-        return JSONResponse({"error": f"limit must be 1..{MAX_LIMIT}, offset >= 0"},
-                            status_code=400)
+    window = _window(request, 20)
+    if isinstance(window, Response):
+        return window
+    limit, offset = window
     hits, total, error = search_results(request.app.state.ctx, q.get("q") or "", limit,
                                         offset)
     if error or not (q.get("q") or "").strip():
         error = error or "q: type one or more words to find"
         return JSONResponse({"error": error}, status_code=400)
     return JSONResponse({"total": total, "limit": limit, "offset": offset, "hits": hits})
+
+
+def _window(request: Request, default_limit: int) -> tuple[int, int] | Response:
+    """(limit, offset) from the query, or the 400 that says what is wrong with them."""
+    q = request.query_params
+    try:
+        limit = int(q.get("limit") or default_limit)
+        offset = int(q.get("offset") or 0)
+    except ValueError:
+        return JSONResponse({"error": "limit and offset must be integers"}, status_code=400)
+    if not 1 <= limit <= MAX_LIMIT or offset < 0:
+        return JSONResponse({"error": f"limit must be 1..{MAX_LIMIT}, offset >= 0"},
+                            status_code=400)
+    return limit, offset
 
 
 def _guarded(request: Request) -> Response | None:
