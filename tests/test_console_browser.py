@@ -105,10 +105,20 @@ def text_of(driver: object, css: str) -> str:
         ".map(e => e.innerText).join('\\n');", css)
 
 
-def shots(driver: object, name: str) -> None:
+def shots(driver: object, name: str, root: Path | None = None) -> None:
     """Screenshots at desktop and phone size; at the phone's width the page must not
-    run off the screen sideways."""
+    run off the screen sideways. For the pictures, the test's temporary folder is shown
+    as /srv/scans (only paths change, after the page's own checks)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        driver.execute_script(  # type: ignore[attr-defined]
+            "const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);"
+            "for (let n = w.nextNode(); n; n = w.nextNode())"
+            "  n.nodeValue = n.nodeValue.split(arguments[0]).join('/srv/scans');"
+            # the live part, still refreshed, would bring the paths back: a copy stands
+            # in for it (the refresh goes on updating the detached original)
+            "const live = document.querySelector('[data-refresh]');"
+            "if (live) live.replaceWith(live.cloneNode(true));", str(root))
     driver.save_screenshot(str(ARTIFACTS / f"{name}-desktop.png"))  # type: ignore[attr-defined]
     driver.set_window_size(*PHONE)  # type: ignore[attr-defined]
     try:
@@ -153,10 +163,10 @@ def axe(driver: object, name: str) -> list[dict]:
     return bad
 
 
-def check_page(driver: object, name: str) -> None:
+def check_page(driver: object, name: str, root: Path | None = None) -> None:
     """No serious or critical accessibility problem, desktop and phone screenshots."""
     assert axe(driver, name) == [], name
-    shots(driver, name)
+    shots(driver, name, root)
 
 
 # -- 1. search ----------------------------------------------------------------------------
@@ -173,13 +183,13 @@ def test_search_finds_a_document_by_its_words(browser, site: Site) -> None:
     assert "page 2" in hits and "turned.pdf" not in hits
     marked = text_of(browser, "#hits mark").lower()
     assert "toner" in marked and "cartridge" in marked
-    check_page(browser, "search")
+    check_page(browser, "search", site.root)
     browser.find_element(By.CSS_SELECTOR, "#hits a").click()
     wait_for(lambda: "invoice.pdf" in text_of(browser, "#file-name"), 10, "review")
     assert browser.current_url.endswith("#page-2")
     assert "toner" in text_of(browser, "#page-2 .markdown mark").lower()
     assert text_of(browser, "#page-1 .markdown mark") == ""
-    check_page(browser, "review-search-hit")
+    check_page(browser, "review-search-hit", site.root)
     # the same for scripts
     api = site.api("/api/search?q=toner")
     assert api["total"] == 1 and api["hits"][0]["page"] == 2
@@ -194,7 +204,7 @@ def test_a_file_not_ready_is_shown_by_name_with_why_and_until(browser, site: Sit
     wait_for(lambda: "empty.pdf" in text_of(browser, "#waiting"), 20, "empty.pdf listed")
     row = text_of(browser, "#waiting")
     assert "empty — fails at" in row and "unless it changes" in row
-    check_page(browser, "files-waiting")
+    check_page(browser, "files-waiting", site.root)
     browser.get(site.base + "/")
     wait_for(lambda: "empty.pdf" in text_of(browser, "#live #waiting"), 10, "on the overview")
     status = site.api("/api/status")
@@ -234,7 +244,7 @@ def test_review_shows_pages_upright_at_full_size_and_the_original_inline(
     with urllib.request.urlopen(f"{site.base}/files/{turned}/pages/1.jpg", timeout=30) as r:
         top, bottom = _dark_rows(r.read())
     assert top > 3 * bottom, (top, bottom)  # the bar is at the top: shown as read
-    check_page(browser, "review-turned")
+    check_page(browser, "review-turned", site.root)
 
     browser.find_element(By.LINK_TEXT, "full size, zoom").click()
     wait_for(lambda: "page 1 of 1" in text_of(browser, "h1"), 10, "page view")
@@ -247,7 +257,7 @@ def test_review_shows_pages_upright_at_full_size_and_the_original_inline(
     box = browser.find_element(By.CSS_SELECTOR, ".zoomed")
     assert browser.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth;",
                                   box)
-    check_page(browser, "page-zoom")
+    check_page(browser, "page-zoom", site.root)
 
     invoice = site.file_id("invoice")
     browser.get(f"{site.base}/files/{invoice}")
@@ -290,10 +300,10 @@ def test_a_file_being_converted_shows_page_k_of_n_and_its_original(browser,
         assert "original not kept" not in text_of(browser, ".links")
         browser.get(f"{base}/files?state=converting")
         assert "of 8" in text_of(browser, "#files .progress-text")
-        shots(browser, "files-converting")
+        shots(browser, "files-converting", tmp_path)
         browser.get(base + "/")
         assert "long.pdf" in text_of(browser, "#converting-files")
-        shots(browser, "overview-converting")
+        shots(browser, "overview-converting", tmp_path)
     finally:
         daemon.stop()
 
@@ -311,12 +321,12 @@ def test_failures_offer_what_helps_and_messages_do_not_come_back(browser, site: 
     assert box.get_attribute("required") is not None
     button = browser.find_element(By.CSS_SELECTOR, "#failed button.retry")
     assert button.get_attribute("aria-label") == "Retry locked.pdf (after removing the cause)"
-    check_page(browser, "failed")
+    check_page(browser, "failed", site.root)
     browser.find_element(By.CSS_SELECTOR, "button[aria-label='Dismiss locked.pdf']").click()
     wait_for(lambda: "dismissed" in text_of(browser, "#flash"), 10, "dismissed")
     assert "locked.pdf" not in text_of(browser, "#failed")
     assert "?" not in browser.current_url  # the message is not in the URL
-    shots(browser, "failed-dismissed")
+    shots(browser, "failed-dismissed", site.root)
     browser.refresh()
     assert text_of(browser, "#flash") == ""  # a reload does not bring it back
     assert (site.daemon.failed / "locked.pdf").exists()
@@ -327,7 +337,7 @@ def test_upload_drops_a_file_into_the_chosen_inbox(browser, site: Site) -> None:
 
     pdf = make_pdf(site.root / "from browser.pdf", [["Uploaded through the console today"]])
     browser.get(site.base + "/upload")
-    check_page(browser, "upload")
+    check_page(browser, "upload", site.root)
     browser.find_element(By.ID, "upload-file").send_keys(str(pdf))
     browser.find_element(By.CSS_SELECTOR, "#upload button").click()
     wait_for(lambda: "Uploaded into" in text_of(browser, "#flash"), 20, "uploaded")
@@ -344,7 +354,7 @@ def test_every_page_fits_a_phone_and_passes_axe(browser, site: Site) -> None:
                        ("api", "/api"), ("search-empty", "/search?q=zzzqqq"),
                        ("missing", "/files/999999")):
         browser.get(site.base + path)
-        check_page(browser, name)
+        check_page(browser, name, site.root)
     browser.get(site.base + "/files?state=bogus")
     assert "There is no state 'bogus'" in text_of(browser, "#filter-error")
 
@@ -384,6 +394,6 @@ def test_a_missing_inbox_is_a_banner_on_every_page(browser, tmp_path: Path) -> N
         wait_for(lambda: banner_on("/files"), 20, "the banner")  # within the rescan
         for path in ("/failed", "/upload", "/search", "/"):
             assert banner_on(path), path
-        shots(browser, "banner-missing-inbox")
+        shots(browser, "banner-missing-inbox", tmp_path)
     finally:
         daemon.stop()
