@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and its folders")
     check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
-    status = sub.add_parser("status", help="queue, counts by state and recent failures")
+    status = sub.add_parser("status", help="queue, counts by state, recent failures, and "
+                            "the files waiting or converting by name")
     status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("-n", type=int, default=10, help="recent failures to show")

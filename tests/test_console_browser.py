@@ -352,7 +352,7 @@ def test_every_page_fits_a_phone_and_passes_axe(browser, site: Site) -> None:
     for name, path in (("overview", "/"), ("files", "/files"), ("files-bogus-state",
                        "/files?state=bogus"), ("review", f"/files/{invoice}"),
                        ("api", "/api"), ("search-empty", "/search?q=zzzqqq"),
-                       ("missing", "/files/999999")):
+                       ("missing", "/files/999999"), ("login", "/login")):
         browser.get(site.base + path)
         check_page(browser, name, site.root)
     browser.get(site.base + "/files?state=bogus")
