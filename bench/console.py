@@ -275,10 +275,13 @@ def _ask_every_preview(port: int, pages: int, limit_ids: int = 100) -> dict:
     would: the first time (rendered from the original) and again (from the cache)."""
     import json
 
-    with http.client.HTTPConnection("127.0.0.1", port, timeout=30) as conn:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
         conn.request("GET", f"/api/files?state=done&limit={limit_ids}",
                      headers={"Host": f"127.0.0.1:{port}"})
         files = json.loads(conn.getresponse().read())["files"]
+    finally:
+        conn.close()
     first, again, asked = [], [], 0
     for f in files:
         for page in range(1, (f["pages"] or 0) + 1):
