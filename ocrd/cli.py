@@ -198,6 +198,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     journal = Journal(path, readonly=True)
     counts = journal.counts()
     failures = journal.recent_failures(args.n)
+    queued = [j for j in journal.open_jobs() if j.state in ("claiming", "claimed")]
     journal.close()
     live = daemon_metrics(cfg.metrics.listen) if cfg.metrics.listen else None
     console = console_status(cfg.web)
@@ -208,6 +209,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "waiting": console.get("waiting") if console else None,
             "converting": console.get("converting") if console else None,
             "problems": console.get("problems") if console else None,
+            "queued": [shown(j.relpath) for j in queued],
             "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
                                  "message": j.message, "moved_to": shown(j.output or ""),
                                  "finished": j.finished}
@@ -229,6 +231,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(line)
     elif cfg.web.listen:
         print("files by name: the console does not answer (web.listen)")
+    for j in queued[:args.n]:
+        print(f"  queued      {shown(j.relpath)}  [{shown(j.inbox)}]")
+    if len(queued) > args.n:
+        print(f"  … and {len(queued) - args.n} more queued")
     if failures:
         print("recent failures:")
         for j in failures:

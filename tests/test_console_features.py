@@ -428,3 +428,28 @@ def test_the_chart_caption_agrees_with_the_running_bar(tmp_path: Path) -> None:
         assert "10-minute averages" in html and "over the last minute" in html
     finally:
         site.stop()
+
+
+def test_ocrd_status_names_the_queued_files(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from ocrd.journal import Journal
+
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    config = {"state_dir": str(tmp_path / "state"), "metrics": {"listen": None},
+              "web": {"listen": None}, "inboxes": [{
+                  "path": str(inbox), "outbox": str(tmp_path / "out"),
+                  "failed": str(tmp_path / "failed"), "on_success": "delete"}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    journal = Journal(tmp_path / "state" / "journal.sqlite3")
+    journal.claimed(journal.begin_claim(str(inbox), "sub/next in line.pdf", "", 1, 1))
+    journal.close()
+    out = subprocess.run([sys.executable, "-m", "ocrd", "status", "-c",
+                          str(tmp_path / "c.yaml")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"queued      sub/next in line.pdf  [{inbox}]" in out.stdout, out.stdout
