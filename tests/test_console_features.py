@@ -366,6 +366,7 @@ def test_small_things(site) -> None:
     assert b"<svg" in body
     status, _, html = site.get("/api")
     assert status == 200 and b"<code>GET /api/search</code>" in html
+    assert b"<code>GET /api</code>" not in html and b"<code>GET /files" not in html
     assert b"Full-text search" in html
     status, _, html = site.get("/files?state=bogus")
     assert status == 400 and b"There is no state" in html

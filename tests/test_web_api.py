@@ -62,3 +62,4 @@ def test_openapi_describes_the_api(site) -> None:
     assert {"/api/status", "/api/files", "/api/files/{id}", "/api/files/{id}/retry"} <= \
         set(spec["paths"])
     assert "post" in spec["paths"]["/api/files/{id}/retry"]
+    assert all(path.startswith("/api/") for path in spec["paths"])  # not the pages

@@ -231,7 +231,7 @@ def api_page(request: Request) -> Response:
     spec = api.schemas.get_schema(routes=request.app.routes)
     endpoints = [{"path": path, "method": method.upper(), **(doc or {})}
                  for path, methods in sorted(spec.get("paths", {}).items())
-                 for method, doc in methods.items()]
+                 if path.startswith("/api/") for method, doc in methods.items()]
     return render(request, "api.html", endpoints=endpoints, info=spec.get("info", {}))
 
 
@@ -275,6 +275,9 @@ def create_app(ctx: Context) -> Starlette:
         *api.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
+    for route in routes:  # the pages are not the API (/api/openapi.json)
+        if isinstance(route, Route) and not route.path.startswith("/api/"):
+            route.include_in_schema = False
     app = Starlette(routes=routes)
     app.state.ctx = ctx
     return Guard(app, ctx.token, ctx.secret, ctx.cfg.web.loopback)  # type: ignore[return-value]
