@@ -6,6 +6,7 @@ pager jump, an unknown state answered clearly)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -454,3 +455,15 @@ def test_ocrd_status_names_the_queued_files(tmp_path: Path) -> None:
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"queued      sub/next in line.pdf  [{inbox}]" in out.stdout, out.stdout
+
+
+def test_a_damaged_index_is_a_message_not_an_error(site) -> None:
+    site.console.indexer.stop()  # so that it does not rebuild it under the test
+    path = site.cfg.state_dir / "search.sqlite3"
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            path.with_name(path.name + suffix).unlink()
+    path.write_bytes(b"not a database any more" * 500)
+    status, _, body = site.get("/api/search?q=quarterly")
+    assert status == 400 and b"being rebuilt" in body
+    assert b"being rebuilt" in site.get("/search?q=quarterly")[2]

@@ -9,6 +9,7 @@ daemon's.
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from pathlib import Path
 from urllib.parse import urlencode
@@ -160,7 +161,11 @@ def search_results(ctx: Context, text: str, limit: int, offset: int
     index = ctx.store.search_index()
     if index is None:
         return [], 0, "The search index is being built; try again in a moment."
-    hits, total = index.search(query, limit, offset)
+    try:
+        hits, total = index.search(query, limit, offset)
+    except sqlite3.DatabaseError:  # damaged: the indexer removes and rebuilds it
+        ctx.store.forget_search_index()
+        return [], 0, "The search index is being rebuilt; try again in a while."
     jobs = ctx.store.journal().names_of(sorted({h.job_id for h in hits}))
     out = []
     for hit in hits:

@@ -108,6 +108,13 @@ class Store:
             index = self._local.search = SearchIndex(self.search_path, readonly=True)
         return index
 
+    def forget_search_index(self) -> None:
+        """Close this thread's connection (the file was found damaged or replaced)."""
+        index = getattr(self._local, "search", None)
+        if index is not None:
+            index.close()
+            self._local.search = None
+
     def job(self, job_id: int) -> Job | None:
         return self.journal().get(job_id)
 
