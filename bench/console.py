@@ -249,10 +249,12 @@ def _free_port() -> int:
 
 
 def _alternating(name: str, docs: list[Doc], rounds: int, a: dict, b: dict) -> tuple[list, list]:
-    """Runs of set-ups a and b in turns (a, b, a, b …), so both see the same machine."""
+    """Runs of set-ups a and b in turns, so both see the same machine; the order swaps
+    every round (a, b, b, a, a, b …), so that neither always runs first in a pair."""
     runs_a, runs_b = [], []
     for k in range(rounds):
-        for label, setup, into in (("a", a, runs_a), ("b", b, runs_b)):
+        pair = [("a", a, runs_a), ("b", b, runs_b)]
+        for label, setup, into in (pair if k % 2 == 0 else pair[::-1]):
             into.append(_convert(fresh(f"{name}-{label}{k}"), docs, **setup))
             _log(f"  {name} {label}{k}: {into[-1]['pages_per_s']:.2f} pages/s")
     return runs_a, runs_b
