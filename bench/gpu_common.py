@@ -47,7 +47,8 @@ def engine_settings(tiny: bool, model: Path, max_num_seqs: int | None = None,
     """EngineConfig fields shared by the phases (recipe settings, 1024 tokens);
     `extra_args`: --engine-arg KEY=VALUE items (VALUE read as YAML) for engine_args."""
     s = sizes(tiny)
-    vllm: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 8192,
+    # profile none: each row measures the layout it names, not the one ocrd would pick
+    vllm: dict[str, Any] = {"profile": "none", "dtype": "bfloat16", "max_model_len": 8192,
                             "gpu_memory_utilization": 0.85,
                             "max_num_seqs": max_num_seqs or s["max_num_seqs"]}
     engine_args: dict[str, Any] = {"load_format": "dummy", "seed": 0}

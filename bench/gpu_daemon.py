@@ -197,6 +197,7 @@ class DaemonRun:
             [os.environ.get("PYTHONPATH", ""), str(ROOT)])}
         engine = engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)
         engine["vllm"]["api_servers"] = api_servers
+        engine["vllm"]["mode"] = "managed" if api_servers > 1 else "inprocess"
         engine["vllm"]["server_port"] = SERVER_PORT
         ngram = VLLM_NGRAM if args.vllm_ngram else OCRD_NGRAM
         engine["vllm"]["engine_args"]["logits_processors"] = [ngram, BAN_EOS]

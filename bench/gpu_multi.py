@@ -72,10 +72,50 @@ UINT8_MARK = "ocrd page views arrive as uint8"
 ROWS_TWO = ["1gpu_x1", "1gpu_x2", "2gpu_per_gpu", "2gpu_dp"]
 
 
+# Rows of the layout ocrd picks itself (engine.vllm.profile: auto, no layout keys set):
+# "auto" for this machine's GPU, "auto_24g" as the profile would pick for a 24 GB card, run
+# inside a 24 GB card's share of this GPU's memory; "inproc_24g" is the in-process engine's
+# defaults in the same share (the layout a 24 GB card got before profiles).
+AUTO_ROWS = ("auto", "auto_24g", "inproc_24g")
+CARD_24G_MIB = 24_564
+
+
+def auto_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A row's engine config with only the bench's own settings: the layout is the
+    profile's (auto), or what it picks for a 24 GB card given explicitly (auto_24g)."""
+    from ocrd.engines import gpu_profile
+
+    e = common.engine_settings(args.tiny, args.model, None, args.engine_arg)
+    v = e["vllm"]
+    v["engine_args"]["logits_processors"] = [common.OCRD_NGRAM, common.BAN_EOS]
+    if args.tiny:  # two cores and no GPU: the tiny model's settings stay
+        v.update(profile="none", mode="managed", api_servers=2)
+        return e
+    for key in ("profile", "gpu_memory_utilization", "max_num_seqs"):
+        v.pop(key)
+    if name == "auto":
+        return e
+    gpus = gpu_profile.detect()
+    share = CARD_24G_MIB / gpus[0].memory_mib if gpus else 1.0
+    if name == "inproc_24g":
+        v.update(profile="none", mode="inprocess")
+        v["gpu_memory_utilization"] = round(0.9 * share, 3)
+        return e
+    card = gpu_profile.Gpu(0, "24 GB card", CARD_24G_MIB, gpus[0].capability if gpus else None)
+    chosen = gpu_profile.choose([card])
+    v.update(chosen.settings, profile="none")
+    v["gpu_memory_utilization"] = round(chosen.settings.get("gpu_memory_utilization", 0.9)
+                                        * share, 3)
+    return e
+
+
 def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The engine config of a row: bench/gpu.py's settings plus the row's layout."""
+    if name in AUTO_ROWS:
+        return auto_engine(name, args)
     e = common.engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)
     v = e["vllm"]
+    v["mode"] = "managed"
     parts = name.split("_")  # "1gpu_x2_float_s384": the row, then its variations
     suffixes = []
     while parts and (parts[-1] in ("float", "nomps") or re.fullmatch(r"[sq]\d+", parts[-1])):
@@ -293,6 +333,10 @@ def run_row(name: str, args: argparse.Namespace, pdfs: list[Path],
             result["warm_s"] = warm(d, args, warm_urls)
             result["uint8_views_arrived"] = sum(
                 1 for e in d.events("vllm_server") if UINT8_MARK in str(e.get("line", "")))
+            profile = d.events("vllm_profile")
+            if profile:  # the layout the daemon ran (an auto row's is the profile's)
+                result["profile"] = {k: profile[-1].get(k) for k in (
+                    "profile", "reason", "mode", "settings", "overridden")}
             planned = d.events("vllm_servers_planned")
             result["start"] = planned[-1].get("start") if planned else None
             result["start_gate_taken"] = sum(

@@ -4,6 +4,7 @@
 #     bash bench/gpu_run.sh offline          # some phases only (EXTRA="--restart" etc.)
 #     bash bench/gpu_run.sh multi [ARGS]     # bench/gpu_multi.py ARGS: 1 vs 2 servers/GPU
 #     bash bench/gpu_run.sh moe [ARGS]       # bench/moe_tune.py ARGS: fused-MoE tiles
+#     bash bench/gpu_run.sh steady [ARGS]    # bench/steady.py --gpu ARGS: fixed arrival rates
 # The machine needs Python 3.12 + torch 2.11 (CUDA 13) and the carried bundle
 # .gpu-bundle/ (bench/gpu_bundle.sh builds it where pip works): vLLM 0.24.0 and the
 # wheels that machine lacks. Results: $OUT (default /tmp/gpu-out): results_*.json,
@@ -60,6 +61,17 @@ if [ "${1:-}" = multi ]; then  # bench/gpu_multi.py: 1 vs 2 servers per GPU (and
   grep -E "^(ROW|\|)|Traceback|Error" "$OUTD/log_multi.txt" | cut -c1-900 | tail -n 30
   python3 bench/gpu.py cleanup --work "$W/bench"
   gzip -f "$OUTD"/daemon_multi_*.log 2>/dev/null
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  exit 0
+fi
+if [ "${1:-}" = steady ]; then  # bench/steady.py: files arriving at fixed rates
+  shift
+  t0=$(date +%s)
+  timeout --kill-after=60 "${STEADY_LIMIT:-560}" python3 bench/steady.py --gpu --work "$W/bench" \
+    --out "$OUTD/steady.json" "$@" > "$OUTD/log_steady.txt" 2>&1
+  echo "STEADY rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "^STEADY|Traceback|Error" "$OUTD/log_steady.txt" | cut -c1-900 | tail -n 30
+  python3 bench/gpu.py cleanup --work "$W/bench"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   exit 0
 fi

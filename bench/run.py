@@ -26,6 +26,7 @@ from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 from bench.remote_client import REMOTE_CASES  # noqa: E402
 from bench.search import SEARCH_CASES  # noqa: E402
+from bench.worst_text import WORST_TEXT_CASES  # noqa: E402
 
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 RESULTS_HEADER = """# Benchmark results
@@ -106,6 +107,10 @@ def summary(r: Result) -> str:
     if r.name == "search_on_vs_off_throughput":
         return (f"{max(x['pages_per_s'] for x in d['on']):.2f} vs "
                 f"{max(x['pages_per_s'] for x in d['off']):.2f} pages/s")
+    if r.name.startswith("worst_text_"):
+        return (f"loop blocked {d['blocked_ms']} ms at most (rounds {d['rounds_blocked_ms']}"
+                f", idle noise {d['rounds_idle_noise_ms']}), {d['answer_chars']:,} chars, "
+                f"{d['outcome']}")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
@@ -114,6 +119,7 @@ def summary(r: Result) -> str:
 CASES.update(CONSOLE_CASES)
 CASES.update(REMOTE_CASES)
 CASES.update(SEARCH_CASES)
+CASES.update(WORST_TEXT_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:

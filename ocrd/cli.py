@@ -144,9 +144,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"ocrd: {problem}", file=sys.stderr)
     if problems:
         return ExitCode.USAGE
-    from .engines import choose_kind
+    from .engines import choose_kind, with_profile
 
     kind, why = choose_kind(cfg.engine)
+    if kind == "vllm":
+        vllm = with_profile(cfg.engine).vllm  # ConfigError: a key the layout cannot take
+        why += f"; vLLM {vllm.mode}, profile {cfg.engine.vllm.profile}"
     print(f"{found}: OK ({len(cfg.inboxes)} inbox(es), engine {kind}: {why})")
     return ExitCode.OK
 

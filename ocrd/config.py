@@ -297,7 +297,8 @@ def _norm(p: Path) -> Path:
     return Path(os.path.normpath(os.path.abspath(p)))
 
 
-def _describe(err: dict) -> str:
+def describe_error(err: Any) -> str:
+    """One pydantic error as a line that names the key and the value."""
     loc = ".".join(str(x) for x in err.get("loc", ()) if x != "__root__")
     msg = err.get("msg", "invalid")
     if err.get("type") == "extra_forbidden":
@@ -319,7 +320,7 @@ def parse_config(data: Any, base: Path) -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
+        raise ConfigError("; ".join(describe_error(err) for err in e.errors())) from None
     return cfg.resolve(base)
 
 

@@ -39,6 +39,14 @@ class NGramConfig(_Strict):
 
 
 class VllmConfig(_Strict):
+    # auto: a layout measured for the GPUs ocrd finds (ocrd/engines/gpu_profile.py; the
+    # README's table "your GPU → what ocrd runs"), logged at start as vllm_profile; every
+    # key set here overrides the profile's value. none: the keys set here and the defaults.
+    profile: Literal["auto", "none"] = "auto"
+    # inprocess: the engine runs inside ocrd (vLLM's AsyncLLM). managed: ocrd starts and
+    # supervises local `vllm serve` processes and feeds them over HTTP (several front ends,
+    # servers per GPU, GPUs: api_servers, servers_per_gpu, gpus). null: the profile's.
+    mode: Literal["inprocess", "managed"] | None = None
     dtype: str = "bfloat16"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_model_len: int = Field(default=8192, ge=256)
@@ -49,10 +57,8 @@ class VllmConfig(_Strict):
     max_num_batched_tokens: int = Field(default=16384, ge=0)
     tensor_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
-    # Front-end processes that prepare page images (one prepares ~5 A4 pages/s), per GPU.
-    # 1: the engine runs inside ocrd (unless servers_per_gpu or gpus ask for the managed
-    # mode). N > 1: ocrd starts and supervises local `vllm serve --api-server-count N`
-    # processes and feeds them over HTTP (ocrd/engines/managed.py).
+    # Managed mode: front-end processes that prepare page images, per GPU (one front end
+    # is one CPU thread of image preparation: `vllm serve --api-server-count N`).
     api_servers: int = Field(default=1, ge=1)
     # A managed server's port on 127.0.0.1 (several servers: this and the next ones);
     # 0 = free ports.
@@ -60,9 +66,7 @@ class VllmConfig(_Strict):
     # Managed servers on each GPU (or group of tensor_parallel_size × data_parallel_size
     # GPUs): one engine core each, gpu_memory_utilization and api_servers split among
     # them (api_servers // servers_per_gpu each, at least 1); ocrd balances pages across
-    # them. One engine core cannot keep an H200 busy
-    # (issue 22: 2 servers made x1.51 in the middle of a run, GPU 94 % busy; 3 no more).
-    # > 1 starts the managed mode even with api_servers 1.
+    # them (one engine core cannot keep a big GPU busy: bench/GPU_RESULTS.md).
     servers_per_gpu: int = Field(default=1, ge=1, le=16)
     # Managed mode: CUDA MPS for the servers of a GPU (ocrd/engines/mps.py: one
     # nvidia-cuda-mps-control per group of GPUs, started and stopped by ocrd), so that
@@ -78,7 +82,7 @@ class VllmConfig(_Strict):
     # Managed mode on these CUDA devices (ids as nvidia-smi numbers them): one group of
     # servers per tensor_parallel_size × data_parallel_size devices, each server started
     # with CUDA_VISIBLE_DEVICES set to its group. []: the devices ocrd's environment
-    # shows, one group. Any devices named start the managed mode.
+    # shows, one group.
     gpus: list[int] = Field(default_factory=list)
     # ocrd's DeepSeek-OCR-2 vision encoder path (on vLLM <= 0.24 with a vectorised
     # attention mask; one host sync per step): 151 -> 60 ms of engine time per page on an
@@ -108,6 +112,13 @@ class VllmConfig(_Strict):
         if self.gpus and len(self.gpus) % per:
             raise ValueError(f"gpus {self.gpus}: {len(self.gpus)} devices do not split into "
                              f"groups of tensor_parallel_size × data_parallel_size = {per}")
+        if self.mode == "inprocess":
+            managed_only = {"api_servers": self.api_servers > 1,
+                            "servers_per_gpu": self.servers_per_gpu > 1, "gpus": self.gpus}
+            for key, used in managed_only.items():
+                if used:
+                    raise ValueError(f"{key} {getattr(self, key)} needs mode: managed (the "
+                                     "engine inside ocrd has one front end on one GPU)")
         if self.server_port and self.server_port + self.server_count - 1 > 65535:
             raise ValueError(f"server_port {self.server_port}: the {self.server_count} "
                              "managed servers' ports would pass 65535")
@@ -122,8 +133,8 @@ class VllmConfig(_Strict):
     @property
     def managed(self) -> bool:
         """ocrd starts and supervises local `vllm serve` processes (ocrd/engines/managed.py)
-        instead of running the engine inside its own process."""
-        return self.api_servers > 1 or self.servers_per_gpu > 1 or bool(self.gpus)
+        instead of running the engine inside its own process (mode, once resolved)."""
+        return self.mode == "managed"
 
 
 class SimulatedConfig(_Strict):

@@ -140,11 +140,45 @@ def write_atomic(folder: Dir, name: str, data: bytes, perms: Perms,
     write_atomic_with(folder, name, fill, perms, replace)
 
 
+def write_atomic_all(folder: Dir, files: list[tuple[str, bytes]], perms: Perms) -> None:
+    """Each name in folder holds its data, in this order, or none does: every file is
+    written under a temporary name first, and only then renamed, one after the other
+    (a rename that fails takes back those made before it)."""
+    written: list[tuple[str, str]] = []
+    renamed: list[str] = []
+    try:
+        for name, data in files:
+            tmp = perms.tmp_name(name)
+            _write_tmp(folder, tmp, lambda out, data=data: out.write(data), perms)
+            written.append((tmp, name))
+        for tmp, name in written:
+            folder.rename(tmp, folder, name, replace=True)
+            renamed.append(name)
+    except BaseException:
+        for tmp, name in written:
+            with contextlib.suppress(OSError):
+                folder.unlink(name if name in renamed else tmp)
+        raise
+
+
 def write_atomic_with(folder: Dir, name: str, fill: Callable[[BinaryIO], None],
                       perms: Perms, replace: bool = True) -> None:
     """write_atomic for what `fill` writes into the open file: large outputs such as the
     searchable PDF go to disk as they are made."""
     tmp = perms.tmp_name(name)
+    _write_tmp(folder, tmp, fill, perms)
+    try:
+        folder.rename(tmp, folder, name, replace=replace)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            folder.unlink(tmp)
+        raise
+
+
+def _write_tmp(folder: Dir, tmp: str, fill: Callable[[BinaryIO], None],
+               perms: Perms) -> None:
+    """The new file `tmp` (which must not exist) filled, with its mode and group,
+    durable; removed again when that fails."""
     fd = folder.create(tmp)
     try:
         with open(fd, "wb", closefd=False) as out:  # buffered: whole writes
@@ -159,12 +193,6 @@ def write_atomic_with(folder: Dir, name: str, fill: Callable[[BinaryIO], None],
             folder.unlink(tmp)
         raise
     os.close(fd)
-    try:
-        folder.rename(tmp, folder, name, replace=replace)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            folder.unlink(tmp)
-        raise
 
 
 def move_file(src: Dir, name: str, dest: Dir, new: str, perms: Perms | None = None) -> None:

@@ -23,11 +23,12 @@ from typing import Any
 
 import structlog
 
-from . import __version__, budget, errors, names, outbox, pages, pdfout, records, safefs
+from . import __version__, budget, errors, modeltext, names, outbox, pages, pdfout, records, safefs
 from . import resolution as resolutions
 from .config import Config
 from .doc_pages import DocumentPages
 from .engines.base import Engine, PageOutput, PageRequest
+from .markdown import PageMarkdown
 from .notify import Liveness
 from .schedule import FairSlots
 
@@ -98,12 +99,14 @@ class EngineGate:
         self.engine = engine
         self.open = asyncio.Event()
         self.open.set()
+        self.closed = asyncio.Event()  # the other way round, for whoever waits for that
         self._prober: asyncio.Task | None = None
 
     async def wait(self, why: Exception) -> None:
         if self.open.is_set():
             log.warning("engine_unavailable", error=str(why))
             self.open.clear()
+            self.closed.set()
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe(), name="engine-prober")
         await self.open.wait()
@@ -115,6 +118,7 @@ class EngineGate:
             try:
                 if await self.engine.health():
                     log.info("engine_available")
+                    self.closed.clear()
                     self.open.set()
                     return
             except Exception as e:  # noqa: BLE001 - any failure means "not yet"
@@ -258,7 +262,7 @@ class Converter:
                            rendered: pages.RenderedPage, render_s: float, staging: Staging,
                            assets_link: str) -> dict:
         figures: list[str] = []
-        pm = self.engine.page_markdown(out.text, image, i + 1, assets_link)
+        pm = await asyncio.to_thread(self._page_markdown, out, image, i + 1, assets_link)
         md, malformed = pm.markdown, pm.malformed
         for fig in pm.figures:
             await asyncio.to_thread(staging.add, fig.name, _png(fig.image))
@@ -291,6 +295,16 @@ class Converter:
             "figures": figures,
             "markdown": md,
         }
+
+    def _page_markdown(self, out: PageOutput, image: Any, page_no: int,
+                       assets_link: str) -> PageMarkdown:
+        """The engine's text, cleaned once, here where it enters the document (the
+        sidecar, the Markdown and the PDF's text layer all take it from `out`), and made
+        the page's Markdown. Work for a thread: a page's text may be long."""
+        out.text = modeltext.clean(out.text)
+        if out.words:
+            out.words = [replace(w, text=modeltext.clean(w.text)) for w in out.words]
+        return self.engine.page_markdown(out.text, image, page_no, assets_link)
 
     # -- results ----------------------------------------------------------------------
 
@@ -329,11 +343,14 @@ class Converter:
     def _write(self, out_dir: safefs.Dir, base: str, text: str, meta: dict,
                staging: Staging, perms: outbox.Perms) -> None:
         # Order matters: assets, then the sidecar, then the Markdown last, so whoever
-        # waits for NAME.md finds everything else in place. Replacing is right here:
-        # Reservations.choose gave a name that is free or holds this document's results.
+        # waits for NAME.md finds everything else in place. Both files are made before
+        # either takes its name: an output that fails leaves neither. Replacing is right
+        # here: Reservations.choose gave a name that is free or holds this document's
+        # results.
+        files = [(base + ".json", names.json_bytes(meta)),
+                 (base + ".md", text.encode("utf-8"))]
         staging.commit()
-        outbox.write_atomic(out_dir, base + ".json", names.json_bytes(meta), perms)
-        outbox.write_atomic(out_dir, base + ".md", text.encode("utf-8"), perms)
+        outbox.write_atomic_all(out_dir, files, perms)
         out_dir.fsync()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import gc
 import signal
 import sys
 import time
@@ -137,6 +138,11 @@ class Daemon:
             parts.submit(resume.item, resume.exclusive)
         if self.should_exit:
             return
+        # What start made (modules, settings, the engine) lives as long as the daemon:
+        # out of the collector's way, a full collection walks only what pages make, and
+        # does not hold up the event loop for the whole heap.
+        gc.collect()
+        gc.freeze()
         self.liveness.loop_turned()
         self.ready = True
         self.notifier.send("READY=1", f"STATUS=ready; watching {len(parts.inboxes)} inbox(es)")
@@ -232,7 +238,8 @@ class Daemon:
 
     async def _drain(self, parts: Parts) -> None:
         """No new claims; pages in flight finish within drain_timeout_seconds (0: stop
-        now); what is left stays claimed for the next start."""
+        now), unless the engine is unavailable (then none can: stop now); what is left
+        stays claimed for the next start."""
         scheduler = parts.scheduler
         log.info("draining", active=len(scheduler.active), queued=scheduler.queued)
         await parts.intake.stop()
@@ -245,8 +252,14 @@ class Daemon:
         if not self.force_exit and scheduler.active and timeout > 0:
             drain = asyncio.create_task(scheduler.drain(timeout))
             forced = asyncio.create_task(self._wait_forced())
-            await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
-            forced.cancel()
+            outage = asyncio.create_task(parts.converter.gate.closed.wait())
+            done, _ = await asyncio.wait({drain, forced, outage},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if outage in done and drain not in done:
+                log.info("drain_cut", why="the engine is unavailable: no page can finish",
+                         active=len(scheduler.active))
+            for task in (drain, forced, outage):
+                task.cancel()
         for task in list(scheduler.active):
             task.cancel()
         if scheduler.active:

@@ -27,7 +27,7 @@ import structlog
 import yaml
 from PIL import Image
 
-from ocrd.config import EngineConfig
+from ocrd.config import ConfigError, EngineConfig
 from ocrd.engines import create_engine, supervised
 from ocrd.engines.base import PageOutput, PageRequest
 from ocrd.engines.managed import ManagedServerEngine, plan_servers, server_args
@@ -43,7 +43,7 @@ MODEL = "deepseek-ai/DeepSeek-OCR-2"
 def engine_config(model: str = MODEL, **vllm: Any) -> EngineConfig:
     return EngineConfig.model_validate({
         "kind": "vllm", "model": model, "max_tokens": 64, "loop_retries": 0,
-        "vllm": {"max_num_seqs": 4, **vllm}})
+        "vllm": {"max_num_seqs": 4, "mode": "managed", **vllm}})
 
 
 def flags(args: list[str]) -> dict[str, str]:
@@ -153,11 +153,14 @@ def test_data_parallel_in_one_server_spans_its_gpus() -> None:
 
 
 def test_config_checks_and_the_engine_chosen(tmp_path: Path) -> None:
-    assert not engine_config().vllm.managed
+    # the mode is a choice, never inferred from other keys
+    assert isinstance(create_engine(engine_config()), ManagedServerEngine)
     for managed in ({"servers_per_gpu": 2}, {"gpus": [1]}, {"api_servers": 2}):
-        cfg = engine_config(**managed)
-        assert cfg.vllm.managed
-        assert isinstance(create_engine(cfg), ManagedServerEngine)
+        with pytest.raises(ValueError, match=f"{next(iter(managed))} .* needs mode: managed"):
+            engine_config(mode="inprocess", **managed)
+        # no mode set: the profile's (no GPU here: in-process), which cannot take the key
+        with pytest.raises(ConfigError, match="needs mode: managed"):
+            create_engine(engine_config(mode=None, **managed))
     engine = create_engine(engine_config(servers_per_gpu=2, api_servers=8, max_num_seqs=100))
     # every server's batch full plus a few pages per front end, on each server
     assert engine.max_concurrency == 2 * (100 + 4 * 4)

@@ -6,8 +6,11 @@ answers /health, /v1/models and /v1/chat/completions with vLLM's JSON shapes, ke
 connections open between requests unless asked to close them (as uvicorn does), takes
 time per page, answers 503 above its concurrency limit (as vLLM's admission control
 does), notices clients that hang up, speaks TLS when given a context, and can loop or
-refuse on demand. Also covers the shared loop-retry
-logic in ocrd/engines/_loops.py.
+refuse on demand — or misbehave as a broken server does: hang (its /v1/models still
+answering, as a hung vLLM engine core behind a live front end does), send an endless
+body, or answer with something else than a chat completion. FakeVllmThread serves one
+to a daemon that runs as a subprocess. Also covers the shared loop-retry logic in
+ocrd/engines/_loops.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import io
 import json
 import socket
 import ssl
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,7 +50,14 @@ class FakeVllm:
     fail_next: int = 0  # answer this many chat requests with 503 first
     status: int = 200  # answer every chat request with this status (when not 200)
     loop_above_ngram: int | None = None  # loop ("length") while ngram_size > this
-    text: str = "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\nHello"
+    # the message's content: a string, or anything else a broken server might send
+    text: Any = "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\nHello"
+    finish_reason: Any = "stop"
+    # chat requests this says yes to are never answered (a hung engine core); True: all
+    hang: Callable[[dict], bool] | bool = False
+    raw_answer: bytes | None = None  # this body (status 200) instead of a completion
+    endless: bool = False  # a chunked 200 answer that never ends
+    sent_bytes: int = 0  # of endless answers
     port: int = 0
     model: str = MODEL
     tls: ssl.SSLContext | None = None  # https with this server context
@@ -105,8 +117,13 @@ class FakeVllm:
         status, answer = await self._answer(method, path, body, reader)
         if status is None:
             return False  # the client hung up
+        if status == 200 and path.endswith("/completions") and self.endless:
+            await self._endless(writer)
+            return False
         keep = headers.get("connection", "").lower() != "close"
         data = json.dumps(answer).encode()
+        if status == 200 and path.endswith("/completions") and self.raw_answer is not None:
+            data = self.raw_answer
         writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
                      f"content-length: {len(data)}\r\n"
                      f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
@@ -134,10 +151,11 @@ class FakeVllm:
             return 503, {"error": {"message": "too many requests in flight"}}
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        hung = self.hang(payload) if callable(self.hang) else self.hang
         try:
             # like vLLM: work for `latency`, but stop as soon as the client hangs up
             hangup = asyncio.ensure_future(reader.read(1))
-            done, _ = await asyncio.wait({hangup}, timeout=self.latency)
+            done, _ = await asyncio.wait({hangup}, timeout=None if hung else self.latency)
             if done:
                 self.disconnects += 1
                 return None, {}
@@ -150,7 +168,7 @@ class FakeVllm:
         xargs = payload.get("vllm_xargs") or {}
         looping = (self.loop_above_ngram is not None
                    and xargs.get("ngram_size", 0) > self.loop_above_ngram)
-        text, reason = (LOOP_TEXT, "length") if looping else (self.text, "stop")
+        text, reason = (LOOP_TEXT, "length") if looping else (self.text, self.finish_reason)
         return 200, {
             "id": f"chatcmpl-{self.served}", "object": "chat.completion", "model": self.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -158,6 +176,48 @@ class FakeVllm:
             "usage": {"prompt_tokens": 1146, "completion_tokens": 42 if not looping else 8192,
                       "total_tokens": 1188},
         }
+
+
+    async def _endless(self, writer: asyncio.StreamWriter) -> None:
+        """A 200 answer whose chunked body goes on until the client hangs up: 64 KiB
+        chunks, about 100 MB/s at most."""
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        chunk = b"10000\r\n" + b'{"choices": [' * (65536 // 13) + b"{" * (65536 % 13) + b"\r\n"
+        while True:
+            writer.write(chunk)
+            await writer.drain()
+            self.sent_bytes += 65536
+            await asyncio.sleep(0.0006)
+
+
+class FakeVllmThread:
+    """A FakeVllm served by an event loop in a thread of the test process, for a daemon
+    that runs as a subprocess. `call(fn)` runs `fn(server)` (which may return a
+    coroutine) in that loop and returns its result."""
+
+    def __init__(self, server: FakeVllm) -> None:
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> FakeVllmThread:
+        self._thread.start()
+        self.call(lambda s: s.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.call(lambda s: s.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def call(self, fn: Callable[[FakeVllm], Any], timeout: float = 30) -> Any:
+        async def run() -> Any:
+            result = fn(self.server)
+            return await result if asyncio.iscoroutine(result) else result
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
 
 
 def config(*urls: str, **fields: Any) -> EngineConfig:
@@ -533,3 +593,296 @@ def test_pick_best_prefers_a_normal_end_then_the_most_text() -> None:
     stopped = _loops.Attempt("", "stop")  # a blank page: empty and fine
     assert _loops.pick_best([looped, longer, stopped]) is stopped
     assert _loops.pick_best([looped, longer]) is longer
+
+
+# ---- faults of the server, not the page (issue: no engine fault may cost a file) -------
+
+
+def test_backoff_stays_finite_after_thousands_of_failures() -> None:
+    """A server that drops a thousand pages at once has a thousand failures in a row;
+    its backoff stays within the maximum (it overflowed a float past 1,024)."""
+    server = remote._Server("http://x/v1", limit=1)
+    for _ in range(3000):
+        server.failed("refused")
+    assert server.failures == 3000
+    assert server.down_until - time.monotonic() <= remote.BACKOFF_MAX_SECONDS
+    assert remote.backoff(10**6) == remote.BACKOFF_MAX_SECONDS
+
+
+def test_a_fake_server_dropping_1100_pages_then_refusing_fails_none_of_them(
+        fast_backoff: None) -> None:
+    """1,100 pages in flight to one server that drops them all and refuses connections
+    for a while: every page's call ends as EngineUnavailable (the page waits) or
+    converts once the server is back — never with an error that would count against
+    the page."""
+    pages_n = 1100
+
+    async def page_until_done(engine: RemoteEngine, request: PageRequest) -> Any:
+        while True:  # as the pipeline does: wait for the engine, then send the page again
+            try:
+                return await engine.ocr(request)
+            except EngineUnavailable:
+                while not await engine.health():
+                    await asyncio.sleep(0.2)
+
+    async def run() -> tuple[list[Any], FakeVllm]:
+        server = await FakeVllm(latency=3600, limit=5000).start()
+        engine = RemoteEngine(config(server.url, concurrency_per_url=pages_n + 100,
+                                     queue_per_url=0))
+        requests = [page(i, size=(8, 8)) for i in range(pages_n)]
+        tasks = [asyncio.create_task(page_until_done(engine, r)) for r in requests]
+        deadline = time.monotonic() + 120
+        while server.in_flight < pages_n and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert server.in_flight == pages_n
+        await server.stop()  # every page dropped; connections refused from now on
+        await asyncio.sleep(3)
+        server.latency = 0.01
+        await server.start()  # same port: back
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True),
+                                         300)
+        await engine.close()
+        await server.stop()
+        return results, server
+
+    results, server = asyncio.run(run())
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors == []
+    assert len(results) == pages_n and all(r.text.endswith("Hello") for r in results)
+    assert server.disconnects >= pages_n - 10  # they were in flight when it went down
+
+
+@pytest.fixture
+def quick_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "RECOVERY_FIRST_SECONDS", 0.1, raising=False)
+    monkeypatch.setattr(remote, "RECOVERY_MAX_SECONDS", 0.2, raising=False)
+
+
+def test_a_hung_server_s_pages_go_to_another_server(fast_backoff: None,
+                                                    quick_canary: None) -> None:
+    """One of two servers hangs (its /v1/models answers, its completions never come
+    back): its pages time out, the canary does not come back either, so the server is
+    sick: its pages go to the other server, none is held against its page."""
+    async def run() -> tuple[FakeVllm, FakeVllm, RemoteEngine, list[Any]]:
+        hung, good = await FakeVllm(hang=True).start(), await FakeVllm().start()
+        engine = RemoteEngine(config(hung.url, good.url, request_timeout_seconds=1.0,
+                                     concurrency_per_url=4, queue_per_url=0))
+        outs = await asyncio.gather(*(engine.ocr(page(i)) for i in range(12)),
+                                    return_exceptions=True)
+        assert await engine.health()  # the good server takes pages
+        await engine.close()
+        await hung.stop()
+        await good.stop()
+        return hung, good, engine, outs
+
+    hung, good, engine, outs = asyncio.run(run())
+    assert [o for o in outs if isinstance(o, BaseException)] == []
+    assert {o.extra["server"] for o in outs} == {good.url}
+    assert good.served == 12 and hung.served == 0
+    assert engine.servers[0].sick and "canary" in engine.servers[0].sick
+    assert engine.servers[1].sick is None
+
+
+def test_a_hung_server_alone_makes_pages_wait_until_a_canary_comes_back(
+        fast_backoff: None, quick_canary: None) -> None:
+    """The only server hangs: its pages are not failed but wait (EngineUnavailable),
+    its health is false although /v1/models answers, and once it completes pages again
+    a canary brings it back."""
+    async def run() -> tuple[list[Any], bool, Any, FakeVllm]:
+        server = await FakeVllm(hang=True).start()
+        engine = RemoteEngine(config(server.url, request_timeout_seconds=1.0))
+        outs = await asyncio.gather(*(engine.ocr(page(i)) for i in range(3)),
+                                    return_exceptions=True)
+        healthy_while_hung = await engine.health()
+        server.hang = False
+        deadline = time.monotonic() + 30
+        while not await engine.health() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        out = await engine.ocr(page())
+        await engine.close()
+        await server.stop()
+        return outs, healthy_while_hung, out, server
+
+    outs, healthy_while_hung, out, server = asyncio.run(run())
+    assert all(isinstance(o, EngineUnavailable) for o in outs), outs
+    assert healthy_while_hung is False
+    assert out.text.endswith("Hello")
+
+
+def test_a_page_that_times_out_alone_is_the_page_s_fault(fast_backoff: None) -> None:
+    """The server completes other pages and the canary: a page that times out there is
+    what takes too long, and its own failure (RemoteRequestError); the server stays."""
+    hard = page(7, size=(30, 30))
+    hard_url = remote.image_data_url(hard.image)
+
+    def is_hard(payload: dict) -> bool:
+        return payload["messages"][0]["content"][0]["image_url"]["url"] == hard_url
+
+    async def run() -> tuple[BaseException | None, list[Any], RemoteEngine]:
+        server = await FakeVllm(hang=is_hard).start()
+        engine = RemoteEngine(config(server.url, request_timeout_seconds=1.0))
+        error = None
+        try:
+            await engine.ocr(hard)
+        except Exception as e:
+            error = e
+        outs = await asyncio.gather(*(engine.ocr(page(i)) for i in range(3)))
+        await engine.close()
+        await server.stop()
+        return error, outs, engine
+
+    error, outs, engine = asyncio.run(run())
+    assert isinstance(error, RemoteRequestError), error
+    assert "request_timeout_seconds" in str(error)
+    assert engine.servers[0].sick is None and len(outs) == 3
+
+
+def test_an_endless_answer_is_a_server_error_and_memory_stays_flat(
+        fast_backoff: None) -> None:
+    """A 200 answer whose body never ends: read up to the answer limit, then the server
+    is to blame (the page waits); the client holds no more than about that limit."""
+    import tracemalloc
+
+    async def run() -> tuple[BaseException | None, int, RemoteEngine, FakeVllm]:
+        server = await FakeVllm(endless=True).start()
+        engine = RemoteEngine(config(server.url, request_timeout_seconds=3.0))
+        tracemalloc.start()
+        try:
+            await engine.ocr(page())
+            error = None
+        except Exception as e:
+            error = e
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        await engine.close()
+        await server.stop()
+        return error, peak, engine, server
+
+    error, peak, engine, server = asyncio.run(run())
+    assert isinstance(error, EngineUnavailable), error
+    assert "longer than" in str(error)
+    assert peak < 3 * engine.answer_limit + (8 << 20), peak
+    assert engine.answer_limit >= 8192 * 200  # far above a page of 8,192 tokens
+
+
+def test_an_answer_that_says_it_is_too_long_is_not_read() -> None:
+    async def run() -> BaseException:
+        server = await FakeVllm(text="x" * 100_000).start()
+        engine = RemoteEngine(config(server.url, max_tokens=16))  # limit: 64 KiB + 4 KiB
+        try:
+            with pytest.raises(EngineUnavailable) as caught:
+                await engine.ocr(page())
+        finally:
+            await engine.close()
+            await server.stop()
+        return caught.value
+
+    assert "more than the" in str(asyncio.run(run()))
+
+
+def test_content_as_a_list_of_parts_is_its_text_joined() -> None:
+    """OpenAI's list-of-parts form, which some compatible servers send."""
+    parts = [{"type": "text", "text": "Hello "}, {"type": "image_url", "image_url": {}},
+             {"type": "text", "text": "world"}]
+
+    async def run() -> Any:
+        server = await FakeVllm(text=parts).start()
+        engine = RemoteEngine(config(server.url))
+        out = await engine.ocr(page())
+        await engine.close()
+        await server.stop()
+        return out
+
+    out = asyncio.run(run())
+    assert out.text == "Hello world" and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("broken", [
+    {"text": 42}, {"text": {"a": 1}}, {"text": [{"type": "text", "text": 5}]},
+    {"finish_reason": "--> <script>alert(1)</script>"}, {"finish_reason": 7},
+    {"raw_answer": b"<html>502 Bad Gateway</html>"}, {"raw_answer": b'{"choices": []}'},
+    {"raw_answer": b'{"choices": [{"message": "hi"}]}'}, {"raw_answer": b"\xff\xfe"},
+])
+def test_a_200_answer_of_another_shape_is_the_server_s_error(
+        fast_backoff: None, broken: dict) -> None:
+    """Not a chat completion: the server's fault, like a 5xx — the page goes to another
+    server (and waits when none answers properly), never a failure of its own."""
+    async def run() -> tuple[list[Any], BaseException | None, FakeVllm, FakeVllm]:
+        bad, good = await FakeVllm(**broken).start(), await FakeVllm().start()
+        engine = RemoteEngine(config(bad.url, good.url))
+        outs = [await engine.ocr(page(i)) for i in range(4)]
+        await engine.close()
+        alone = RemoteEngine(config(bad.url))
+        try:
+            await alone.ocr(page())
+            error = None
+        except Exception as e:
+            error = e
+        await alone.close()
+        await bad.stop()
+        await good.stop()
+        return outs, error, bad, good
+
+    outs, error, bad, good = asyncio.run(run())
+    assert all(o.extra["server"] == good.url and isinstance(o.text, str) for o in outs)
+    assert len(bad.requests) >= 1
+    assert isinstance(error, EngineUnavailable), error
+    assert "unusable answer" in str(error)
+
+
+def _loop_start_by_definition(text: str) -> int | None:
+    """loop_start's contract, checked character by character: for each period p, the
+    longest tail with that period; the longest qualifying tail wins (ties: the shortest
+    period); the cut is after its first copy, moved to the next line break in the copy
+    after that."""
+    n, best_len, best_p = len(text), 0, 0
+    for p in range(1, min(_loops.MAX_LOOP_PERIOD_CHARS, n // _loops.MIN_LOOP_COPIES) + 1):
+        tail = p
+        while tail < n and text[n - 1 - tail] == text[n - 1 - tail + p]:
+            tail += 1
+        if (tail >= _loops.MIN_LOOP_COPIES * p and tail - p >= _loops.MIN_LOOP_CHARS
+                and tail > best_len):
+            best_len, best_p = tail, p
+    if not best_p:
+        return None
+    cut = n - best_len + best_p
+    newline = text.find("\n", cut, cut + best_p)
+    return newline + 1 if newline >= 0 else cut
+
+
+def test_loop_start_keeps_its_definition_on_random_texts() -> None:
+    import random
+
+    rnd = random.Random(5)
+    for _ in range(3000):
+        alphabet = rnd.choice(["ab", "abc", ".", "ab\n|", "xyz \n"])
+        head = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(60)))
+        unit = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 12)))
+        tail = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(4)))
+        text = head + unit * rnd.randrange(30) + tail
+        assert _loops.loop_start(text) == _loop_start_by_definition(text), repr(text)
+    dots = "Total " + "." * 130_000
+    assert _loops.trim_loop(dots) == "Total ."  # one copy of the repeated block kept
+
+
+def test_looking_for_loops_is_done_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """A page that never ends normally has its tries' loops looked for in a thread: a
+    long text must not hold up the event loop."""
+    import threading
+
+    threads: list[threading.Thread] = []
+    real = _loops.trim_loop
+
+    def trim(text: str) -> str:
+        threads.append(threading.current_thread())
+        return real(text)
+
+    monkeypatch.setattr(_loops, "trim_loop", trim)
+
+    async def attempt(settings: Any) -> _loops.Attempt:
+        return _loops.Attempt("Intro\n" + "." * 50_000, "length")
+
+    out = asyncio.run(_loops.convert_with_retries(attempt, config("http://x/v1")))
+    assert out.text == "Intro\n." and out.attempts == 2
+    assert threads and all(t is not threading.main_thread() for t in threads)

@@ -322,7 +322,8 @@ def test_managed_local_server_is_never_reached_through_a_proxy(
     model.mkdir()
     (model / "config.json").write_text("{}")
     cfg = EngineConfig.model_validate({"kind": "vllm", "model": str(model), "loop_retries": 0,
-                                       "vllm": {"api_servers": 2, "fast_encoder": False}})
+                                       "vllm": {"mode": "managed", "api_servers": 2,
+                                                "fast_encoder": False}})
     path = os.pathsep.join([str(fake_vllm_package(tmp_path / "fake")),
                             str(ROOT / "tests"), str(ROOT)])
 

@@ -11,7 +11,7 @@ from ..config import EngineConfig
 from ..credentials import with_api_key
 from .base import Engine, PageOutput, PageRequest
 
-__all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine"]
+__all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine", "with_profile"]
 
 log = structlog.get_logger("ocrd.engine")
 
@@ -41,6 +41,25 @@ def choose_kind(cfg: EngineConfig) -> tuple[str, str]:
     return "vllm", "vllm is installed and a CUDA GPU is present"
 
 
+def with_profile(cfg: EngineConfig) -> EngineConfig:
+    """The engine config with engine.vllm's profile applied (ocrd/engines/gpu_profile.py);
+    ConfigError names a configured key that the chosen layout cannot take."""
+    from pydantic import ValidationError
+
+    from ..config import ConfigError, describe_error
+    from . import gpu_profile
+
+    try:
+        vllm, profile = gpu_profile.resolve(cfg.vllm)
+    except ValidationError as e:
+        raise ConfigError("; ".join(f"engine.vllm: {describe_error(err)}"
+                                    for err in e.errors())) from None
+    overridden = sorted(k for k in profile.settings if k in cfg.vllm.model_fields_set)
+    log.info("vllm_profile", profile=profile.name, reason=profile.reason,
+             mode=vllm.mode, settings=profile.settings, overridden=overridden)
+    return cfg.model_copy(update={"vllm": vllm})
+
+
 def create_engine(cfg: EngineConfig) -> Engine:
     cfg = with_api_key(cfg)  # the engines read only `api_key`
     engine = _create(cfg)
@@ -60,6 +79,7 @@ def _create(cfg: EngineConfig) -> Engine:
 
         return TesseractEngine(cfg)
     if kind == "vllm":
+        cfg = with_profile(cfg)
         if cfg.vllm.managed:
             # several front ends, servers or GPUs: local `vllm serve` that ocrd supervises
             from .managed import ManagedServerEngine

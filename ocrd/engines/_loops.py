@@ -10,6 +10,7 @@ degraded instead of failing the page.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,32 +48,66 @@ def loop_start(text: str) -> int | None:
     Keeping `text[:loop_start(text)]` keeps everything up to and including the first copy
     of the repeated block (up to the end of its line). Among candidate periods the one
     covering the longest tail wins (ties: the shortest period).
+
+    Linear in the text: the tail that has period p is p + Z[p] long, where Z[p] is how far
+    the reversed text agrees with itself shifted by p; the Z-algorithm finds Z[1..P]
+    reusing what it has compared, and each comparison is a slice compare (C speed).
     """
     n = len(text)
-    best_len, best_cut = 0, None
-    for p in range(1, min(MAX_LOOP_PERIOD_CHARS, n // MIN_LOOP_COPIES) + 1):
-        if text[-1] != text[-1 - p]:
-            continue
-        # Largest tail length L (p < L <= n) whose text has period p. Periodicity of a
-        # tail is monotone in L, so a binary search over L finds it with slice compares.
-        lo, hi = p, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if text[n - mid:n - p] == text[n - mid + p:]:
-                lo = mid
-            else:
-                hi = mid - 1
-        tail = lo
+    periods = min(MAX_LOOP_PERIOD_CHARS, n // MIN_LOOP_COPIES)
+    if periods < 1:
+        return None
+    rev = text[::-1]
+    z = _z_prefix(rev, periods)
+    best_len, best_p = 0, 0
+    for p in range(1, periods + 1):
+        tail = p + z[p]
         if tail >= MIN_LOOP_COPIES * p and tail - p >= MIN_LOOP_CHARS and tail > best_len:
-            best_len, best_cut = tail, n - tail + p
-    if best_cut is not None:
-        # The repeated block may start mid-line ("\n| a |" for "| a |\n"): end the kept
-        # text at the next line break inside the second copy, if it has one.
-        p = best_len - (n - best_cut)
-        newline = text.find("\n", best_cut, best_cut + p)
-        if newline >= 0:
-            best_cut = newline + 1
-    return best_cut
+            best_len, best_p = tail, p
+    if not best_p:
+        return None
+    # The repeated block may start mid-line ("\n| a |" for "| a |\n"): end the kept
+    # text at the next line break inside the second copy, if it has one.
+    cut = n - best_len + best_p
+    newline = text.find("\n", cut, cut + best_p)
+    return newline + 1 if newline >= 0 else cut
+
+
+def _z_prefix(s: str, last: int) -> list[int]:
+    """Z[i] for i in 0..last: the length of the longest common prefix of s and s[i:]
+    (Z[0] is left 0). The Z-algorithm: a box [left, right) that matches a prefix of s
+    lets Z[i] inside it be read off Z[i - left]; only text past `right` is compared."""
+    z = [0] * (last + 1)
+    left = right = 0
+    for i in range(1, last + 1):
+        k = min(right - i, z[i - left]) if i < right else 0
+        if i + k >= right:
+            k += _common_prefix(s, k, i + k)
+            left, right = i, i + k
+        z[i] = k
+    return z
+
+
+def _common_prefix(s: str, a: int, b: int) -> int:
+    """How many characters s[a:] and s[b:] have in common at their start (a < b):
+    slices of doubling size compared until one differs, then that one halved down to
+    the first difference. Work in proportion to the answer."""
+    limit = len(s) - b
+    done, size = 0, 64
+    while done < limit:
+        size = min(size, limit - done)
+        if s[a + done:a + done + size] != s[b + done:b + done + size]:
+            while size > 1:  # the first difference is in [done, done + size)
+                half = size // 2
+                if s[a + done:a + done + half] == s[b + done:b + done + half]:
+                    done += half
+                    size -= half
+                else:
+                    size = half
+            return done
+        done += size
+        size *= 2
+    return done
 
 
 def trim_loop(text: str) -> str:
@@ -83,10 +118,17 @@ def trim_loop(text: str) -> str:
 
 def pick_best(attempts: list[Attempt]) -> Attempt:
     """The first try that ended normally, else the one with the most text before its loop."""
+    return _best(attempts)[0]
+
+
+def _best(attempts: list[Attempt]) -> tuple[Attempt, str]:
+    """The try to keep and its text (a looping tail cut when no try ended normally);
+    each try's loop is looked for once."""
     for a in attempts:
         if a.stopped:
-            return a
-    return max(attempts, key=lambda a: len(trim_loop(a.text)))
+            return a, a.text
+    trimmed = [(a, trim_loop(a.text)) for a in attempts]
+    return max(trimmed, key=lambda pair: len(pair[1]))
 
 
 async def convert_with_retries(
@@ -106,11 +148,14 @@ async def convert_with_retries(
         attempts.append(attempt)
         if attempt.stopped:
             break
-    best = pick_best(attempts)
-    text, degraded = best.text, None
+    last = attempts[-1]
+    if last.stopped:
+        best, text = last, last.text
+    else:  # looking for loops in long texts: work for a thread, not the event loop
+        best, text = await asyncio.to_thread(_best, attempts)
+    degraded = None
     extra = dict(best.extra)
     if not best.stopped:
-        text = trim_loop(best.text)
         degraded = (f"no normal end in {len(attempts)} attempt(s) "
                     f"(finish_reason={best.finish_reason}); kept the longest text"
                     + (", repeated tail removed" if len(text) < len(best.text) else ""))

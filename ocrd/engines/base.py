@@ -16,6 +16,7 @@ from typing import Any, Literal
 from PIL import Image
 
 from ocrd.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
+from ocrd.modeltext import inert_markdown
 
 # What the inbox asked for; engines with a prompt (DeepSeek-OCR-2: deepseek_ocr2.prompt)
 # turn it into theirs, the others ignore it.
@@ -131,12 +132,16 @@ class Engine(abc.ABC):
     def page_markdown(self, text: str,
                       image: Image.Image | Callable[[], Image.Image] | None, page_no: int,
                       assets_link: str) -> PageMarkdown:
-        """One page's output as Markdown; figures (grounding only) are cropped from
-        `image` (or from what it returns, made at the first figure) and linked under
-        `assets_link`."""
+        """One page's output as Markdown, with nothing active left in it (the model's
+        HTML and links are untrusted: ocrd/modeltext.py); figures (grounding only) are
+        cropped from `image` (or from what it returns, made at the first figure) and
+        linked under `assets_link`."""
         if self.output_format == "grounding":
-            return grounding_to_markdown(text, image, page_no, assets_link)
-        return PageMarkdown(text_to_markdown(text))
+            page = grounding_to_markdown(text, image, page_no, assets_link)
+        else:
+            page = PageMarkdown(text_to_markdown(text))
+        page.markdown = inert_markdown(page.markdown)
+        return page
 
     def describe(self) -> dict:
         """Engine facts for the sidecar and logs."""

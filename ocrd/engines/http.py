@@ -7,7 +7,8 @@ its connection, and vLLM aborts a request whose client hung up. httpx would do t
 things, but cost 2.5 times the CPU per request of the hand-written client it replaced,
 where aiohttp costs about the same (bench/remote_client.py, README "Engines").
 Proxies come from `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` (either case), with urllib's
-rules, as `systemd/ocrd.default` documents.
+rules, as `systemd/ocrd.default` documents. An answer is read up to a limit the caller
+gives, never further: whatever a server sends, memory stays bounded.
 """
 
 from __future__ import annotations
@@ -32,10 +33,25 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 # closes them after 5 s): a reused connection that the server has just closed would count
 # as a failed request.
 KEEPALIVE_SECONDS = 2.0
+# The most bytes of an answer read when the caller names no limit (/models, /health).
+SMALL_ANSWER_BYTES = 1 << 20
+# Bytes read from the socket at a time.
+READ_CHUNK_BYTES = 1 << 16
+# An error answer longer than this is shown by its start, not read as JSON.
+ERROR_JSON_BYTES = 1 << 16
 
 
-class ServerUnreachable(Exception):
+class ServerTrouble(Exception):
+    """The server, not the page: no usable answer came back."""
+
+
+class ServerUnreachable(ServerTrouble):
     """No HTTP answer from a server: refused, reset, closed mid-answer, TLS or proxy."""
+
+
+class BadAnswer(ServerTrouble):
+    """An HTTP answer that is not what the API promises: larger than the limit, or not
+    the JSON of a chat completion."""
 
 
 def tls_context(cfg: EngineConfig) -> ssl.SSLContext:
@@ -80,6 +96,8 @@ class Answer:
 
     def error_text(self) -> str:
         """vLLM's error message when there is one, else the start of the body."""
+        if len(self.body) > ERROR_JSON_BYTES:  # not an error message: not parsed
+            return self.body[:300].decode("utf-8", "replace")
         try:
             data = self.json()
             err = data.get("error", data) if isinstance(data, dict) else data
@@ -140,17 +158,24 @@ class Client:
                 # requests end by ocrd's own deadline (send()); only connecting has its own
                 timeout=aiohttp.ClientTimeout(total=None,
                                               sock_connect=CONNECT_TIMEOUT_SECONDS),
-                headers={"User-Agent": f"ocrd/{__version__}", "Accept": "application/json"},
+                headers={"User-Agent": f"ocrd/{__version__}", "Accept": "application/json",
+                         "Accept-Encoding": "identity"},
+                # bytes as they come: a compressed answer could unpack to any size in
+                # one step (vLLM does not compress; a body that is, is not JSON here)
+                auto_decompress=False,
                 trust_env=False)
         return self._session
 
     async def send(self, method: str, url: str, *, body: bytes | None = None,
-                   headers: dict[str, str] | None = None, timeout: float) -> Answer:
+                   headers: dict[str, str] | None = None, timeout: float,
+                   max_bytes: int = SMALL_ANSWER_BYTES) -> Answer:
         """One request and its whole answer within `timeout` seconds.
 
-        Raises ServerUnreachable when there is no complete answer and TimeoutError when
-        it takes longer. Cancelled (or timed out), the request's connection is closed, not
-        returned to the pool: the server sees the client hang up.
+        Raises ServerUnreachable when there is no complete answer, BadAnswer when the
+        answer's body is longer than `max_bytes` (the connection is closed as soon as it
+        is) and TimeoutError when it takes longer. Cancelled (or timed out), the
+        request's connection is closed, not returned to the pool: the server sees the
+        client hang up.
         """
         if self.closed:
             raise ServerUnreachable("the client is closed")
@@ -166,7 +191,7 @@ class Client:
                 async with self._open().request(
                         method, url, data=body, headers=headers, allow_redirects=False,
                         proxy=proxy, proxy_headers=proxy_headers) as resp:
-                    return Answer(resp.status, await resp.read())
+                    return Answer(resp.status, await read_body(resp, max_bytes))
         except aiohttp.ClientError as e:  # before TimeoutError: a connect timeout is one
             raise ServerUnreachable(describe_error(e)) from e
 
@@ -174,6 +199,22 @@ class Client:
         self.closed = True
         if self._session is not None:
             await self._session.close()
+
+
+async def read_body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The answer's body, in chunks, up to `max_bytes`; BadAnswer past that (a declared
+    length is believed at once)."""
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        resp.close()
+        raise BadAnswer(f"answer of {resp.content_length} bytes, more than the "
+                        f"{max_bytes} allowed")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(READ_CHUNK_BYTES):
+        body += chunk
+        if len(body) > max_bytes:
+            resp.close()  # not back to the pool: the rest of it is never read
+            raise BadAnswer(f"answer longer than the {max_bytes} bytes allowed")
+    return bytes(body)
 
 
 def describe_error(e: aiohttp.ClientError) -> str:

@@ -272,8 +272,10 @@ class ManagedServerEngine(Engine):
         return next((s.dead for s in self.servers if s.dead is not None), None)
 
     async def health(self) -> bool:
+        """A server runs, and the client has one that is not sick (hung: see
+        RemoteEngine.sick_server_or_hard_page)."""
         return (not self._closing and self._dead() is None
-                and any(s.up for s in self.servers))
+                and any(s.up for s in self.servers) and self._client.has_well_server())
 
     def describe(self) -> dict:
         info = super().describe()

@@ -1,12 +1,16 @@
 """DeepSeek-OCR-2 on one or more `vllm serve` instances, through their OpenAI-compatible API.
 
 Pages go to the server with the fewest pages in flight, at most `concurrency_per_url` (the
-server's batch) + `queue_per_url` (waiting in its queue) per server. Connection errors and
-5xx answers are retried with exponential backoff on any server; when none answers, `ocr()`
-raises EngineUnavailable (the daemon re-queues the page and pauses intake) instead of
-failing the page. The requests go through aiohttp (ocrd/engines/http.py: TLS settings,
-proxies from the environment); cancelling `ocr()` closes the request's connection, which
-makes vLLM abort the request.
+server's batch) + `queue_per_url` (waiting in its queue) per server. Who a failed request
+is held against — the server or the page — is decided in one place,
+`RemoteEngine.sick_server_or_hard_page`: trouble of the server is retried with
+exponential backoff on any server, and when none can take the page, `ocr()` raises
+EngineUnavailable (the daemon re-queues the page and pauses intake) instead of failing
+the page. A server whose request timed out and that cannot complete even a one-token page
+(a canary) is sick: it gets no pages until a canary comes back. Answers are read up to a
+limit and parsed in a thread. The requests go through aiohttp (ocrd/engines/http.py: TLS
+settings, proxies from the environment); cancelling `ocr()` closes the request's
+connection, which makes vLLM abort the request.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import structlog
 from PIL import Image
@@ -28,7 +34,7 @@ from ocrd.engines import deepseek_ocr2
 from ocrd.engines._loops import Attempt, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.deepseek_ocr2 import AttemptSettings
-from ocrd.engines.http import Answer, Client, ServerUnreachable
+from ocrd.engines.http import Answer, BadAnswer, Client, ServerTrouble, ServerUnreachable
 from ocrd.errors import EngineUnavailable
 
 log = structlog.get_logger(__name__)
@@ -47,10 +53,93 @@ RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # Answers that say the configuration is wrong (API key, model name, URL): every page would
 # fail the same way, so they are not held against the page.
 CONFIG_STATUS = frozenset({401, 403, 404})
+# A chat completion's answer may be this many bytes, plus this many per token of
+# engine.max_tokens: far above any page's text (a token is a few characters; JSON
+# escapes take six bytes a character at most). A longer answer is the server's error.
+ANSWER_BASE_BYTES = 64 * 1024
+ANSWER_BYTES_PER_TOKEN = 256
+# An answer up to this long is parsed at once (a fraction of a millisecond), a longer
+# one in a thread.
+INLINE_PARSE_BYTES = 64 * 1024
+# A server whose request timed out is asked for a one-token page (the canary) within
+# this long (or engine.request_timeout_seconds, if shorter): the answer tells a sick
+# server from a page that takes too long.
+CANARY_TIMEOUT_SECONDS = 60.0
+# A sick server is asked again after this long, doubling up to the maximum.
+RECOVERY_FIRST_SECONDS = 1.0
+RECOVERY_MAX_SECONDS = 30.0
+# finish_reason as OpenAI-compatible servers write it ("stop", "length", ...).
+_FINISH_REASON = re.compile(r"[a-z_]{1,32}")
+
+Blame = Literal["server", "page", "settings"]
+T = TypeVar("T")
 
 
 class RemoteRequestError(RuntimeError):
-    """The server refused this page's request (HTTP 4xx other than auth/not found)."""
+    """This page's request failed for a reason of the page's own (see
+    RemoteEngine.sick_server_or_hard_page)."""
+
+
+class _Refused(Exception):
+    """An HTTP answer other than 200."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(f"HTTP {answer.status}: {answer.error_text()}")
+        self.status = answer.status
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a chat completion's answer says, checked."""
+
+    text: str
+    finish_reason: str
+    tokens: int | None
+    prompt_tokens: int | None
+
+
+def parse_completion(body: bytes) -> Completion:
+    """An OpenAI chat completion's JSON; BadAnswer for anything else. The message's
+    content may be a string, null (no text) or a list of parts (their text joined)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise BadAnswer(f"not JSON: {e}") from None
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message.get("content")
+        reason = choice.get("finish_reason") or "stop"
+        usage = data.get("usage") or {}
+        counts = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        raise BadAnswer(f"not a chat completion: {e!r}") from None
+    if not isinstance(reason, str) or not _FINISH_REASON.fullmatch(reason):
+        raise BadAnswer(f"not a chat completion: finish_reason {str(reason)[:40]!r}")
+    return Completion(_content_text(content), reason, *map(_count, counts))
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        texts = [p.get("text") for p in content if p.get("type") == "text"]
+        if all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+    raise BadAnswer(f"not a chat completion: message content {str(content)[:40]!r}")
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and \
+        value >= 0 else None
+
+
+def backoff(failures: int) -> float:
+    """Seconds to wait after this many failures in a row: 0.5, 1, 2, ... up to the
+    maximum, whatever the count."""
+    return min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** min(failures - 1, 32))
 
 
 def image_data_url(image: Image.Image) -> str:
@@ -107,6 +196,12 @@ class _Server:
     last_error: str | None = None
     pages: int = 0
     models: list[str] = field(default_factory=list)
+    # why it is sick (a request timed out, and a canary did not come back): no pages
+    # go to it until a canary does
+    sick: str | None = None
+    requests: set[asyncio.Task] = field(default_factory=set)  # in flight on it
+    canary: asyncio.Future | None = None  # the canary in flight, shared
+    recovery: asyncio.Task | None = None  # canaries while sick
 
     def is_down(self, now: float) -> bool:
         return self.failures > 0 and now < self.down_until
@@ -114,8 +209,7 @@ class _Server:
     def failed(self, reason: str) -> None:
         self.failures += 1
         self.last_error = reason
-        backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (self.failures - 1))
-        self.down_until = time.monotonic() + backoff
+        self.down_until = time.monotonic() + backoff(self.failures)
 
     def answered(self) -> None:
         self.failures = 0
@@ -149,6 +243,9 @@ class RemoteEngine(Engine):
         self._closing = False
         self._client = Client(cfg, use_proxy=use_proxy)
         self._requests: set[asyncio.Task] = set()  # in flight, for close() to cut
+        self.answer_limit = ANSWER_BASE_BYTES + cfg.max_tokens * ANSWER_BYTES_PER_TOKEN
+        self.canary_timeout = min(CANARY_TIMEOUT_SECONDS, cfg.request_timeout_seconds)
+        self._canary_payload: bytes | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -168,19 +265,22 @@ class RemoteEngine(Engine):
                      error=s.last_error)
 
     async def health(self) -> bool:
+        """Whether a server takes pages: one that is not sick answers /models (a sick
+        one is back when its canary is: see _recover)."""
         if self._closing:
             return False
         await self._probe_all()
-        return any(s.failures == 0 for s in self.servers)
+        return any(s.failures == 0 and s.sick is None for s in self.servers)
 
     async def close(self) -> None:
         """Stop taking pages and cut the connections in flight: the servers abort those
         requests, and their `ocr()` calls raise EngineUnavailable (the pages stay queued)."""
         self._closing = True
-        for request in list(self._requests):
-            request.cancel()
+        recoveries = [s.recovery for s in self.servers if s.recovery is not None]
+        for task in [*recoveries, *self._requests]:
+            task.cancel()
         self._slot_freed.set()
-        await asyncio.gather(*self._requests, return_exceptions=True)
+        await asyncio.gather(*recoveries, *self._requests, return_exceptions=True)
         await self._client.close()
 
     def describe(self) -> dict:
@@ -193,7 +293,7 @@ class RemoteEngine(Engine):
         return {s.url: s.in_flight for s in self.servers}
 
     async def _probe_all(self) -> None:
-        await asyncio.gather(*(self._probe(s) for s in self.servers))
+        await asyncio.gather(*(self._probe(s) for s in self.servers if s.sick is None))
 
     async def _probe(self, server: _Server) -> None:
         try:
@@ -257,18 +357,9 @@ class RemoteEngine(Engine):
     async def _attempt(self, page: PageRequest, image_url: str,
                        settings: AttemptSettings) -> Attempt:
         body = json.dumps(self._payload(page, image_url, settings)).encode("utf-8")
-        resp, server = await self._post("/chat/completions", body)
-        try:
-            data = resp.json()
-            choice = data["choices"][0]
-            usage = data.get("usage") or {}
-            text = (choice.get("message") or {}).get("content") or ""
-            reason = choice.get("finish_reason") or "stop"
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
-            raise RemoteRequestError(f"{server.url}: unexpected answer: {e!r}") from e
-        return Attempt(text=text, finish_reason=reason,
-                       tokens=usage.get("completion_tokens"),
-                       prompt_tokens=usage.get("prompt_tokens"),
+        done, server = await self._post("/chat/completions", body, parse_completion)
+        return Attempt(text=done.text, finish_reason=done.finish_reason,
+                       tokens=done.tokens, prompt_tokens=done.prompt_tokens,
                        extra={"engine": self.kind, "server": server.url})
 
     async def probe_status(self, url: str, timeout: float = PROBE_TIMEOUT_SECONDS
@@ -277,84 +368,194 @@ class RemoteEngine(Engine):
         server's /health), or None when there is no answer within `timeout`."""
         try:
             resp = await self._client.send("GET", url, timeout=timeout)
-        except (ServerUnreachable, TimeoutError):
+        except (ServerTrouble, TimeoutError):
             return None
         return resp.status
 
-    async def _send(self, url: str, body: bytes) -> Answer:
-        """POST in a task of its own, which close() cancels: then EngineUnavailable
-        (a cancel of the caller itself stays a cancel)."""
+    # ---- who is to blame ---------------------------------------------------------------
+
+    async def sick_server_or_hard_page(self, server: _Server, failure: Exception) -> Blame:
+        """THE rule for a failed request: is it held against the server, the settings
+        or the page? Only "page" counts towards failing the page's file.
+
+        - no answer (refused, reset, cut off), an answer larger than the limit or not a
+          chat completion, HTTP 408, 429 or 5xx: the server's — the page goes to another
+          server, or waits until one can take it;
+        - HTTP 401, 403, 404: the settings' (key, model, URL) — every page waits;
+        - any other HTTP 4xx: the page's — the server read this request and refused it;
+        - no answer within engine.request_timeout_seconds: ambiguous, so the server is
+          asked for a one-token page (the canary). Back in time: the server works and
+          this page is what takes too long — the page's. Not back: the server is sick
+          (hung, or too slow for any page) — the server's; it gets no pages, and its
+          other requests are cut, until a canary comes back.
+        """
+        if isinstance(failure, _Refused):
+            if failure.status in CONFIG_STATUS:
+                return "settings"
+            return "server" if failure.status in RETRY_STATUS else "page"
+        if not isinstance(failure, TimeoutError):
+            return "server"
+        if server.sick is None and await self._canary(server):
+            return "page"
+        self._set_sick(server, f"no answer within engine.request_timeout_seconds = "
+                               f"{self.cfg.request_timeout_seconds:g}, nor to a canary "
+                               f"within {self.canary_timeout:g} s")
+        return "server"
+
+    async def _canary(self, server: _Server) -> bool:
+        """Whether the server completes a one-token page within the canary's timeout
+        (one canary at a time per server; its waiters share the answer)."""
+        if server.canary is None or server.canary.done():
+            server.canary = asyncio.ensure_future(self._send_canary(server))
+        return await asyncio.shield(server.canary)
+
+    async def _send_canary(self, server: _Server) -> bool:
+        try:
+            resp = await self._send(server, "/chat/completions", self._canary_body(),
+                                    self.canary_timeout)
+            if resp.status == 200:
+                await asyncio.to_thread(parse_completion, resp.body)
+                return True
+        except (ServerTrouble, TimeoutError):
+            pass
+        return False
+
+    def _canary_body(self) -> bytes:
+        """A blank 64 × 64 page, read as plain text, one token at most."""
+        if self._canary_payload is None:
+            canary = PageRequest(image=None, page_no=0, doc_id="canary", prompt_mode="text")
+            payload = self._payload(canary, image_data_url(Image.new("RGB", (64, 64),
+                                                                     "white")),
+                                    deepseek_ocr2.attempt_settings(self.cfg.ngram, 1))
+            payload["max_tokens"] = 1
+            self._canary_payload = json.dumps(payload).encode("utf-8")
+        return self._canary_payload
+
+    def _set_sick(self, server: _Server, why: str) -> None:
+        """No more pages to the server until a canary comes back; its requests in
+        flight are cut (they go to another server, or wait)."""
+        if server.sick is not None:
+            return
+        server.sick = why
+        server.failed(f"{server.url}: {why}")
+        log.warning("remote_server_sick", url=server.url, why=why,
+                    pages_cut=len(server.requests))
+        for request in list(server.requests):
+            request.cancel()
+        server.recovery = asyncio.create_task(self._recover(server),
+                                              name=f"recover {server.url}")
+        self._slot_freed.set()
+
+    async def _recover(self, server: _Server) -> None:
+        """Canaries to a sick server, further and further apart, until one comes back."""
+        delay = RECOVERY_FIRST_SECONDS
+        while not self._closing:
+            await asyncio.sleep(delay)
+            if await self._canary(server):
+                server.sick = None
+                server.answered()
+                log.info("remote_server_recovered", url=server.url)
+                self._slot_freed.set()
+                return
+            delay = min(delay * 2, RECOVERY_MAX_SECONDS)
+
+    # ---- requests ----------------------------------------------------------------------
+
+    async def _send(self, server: _Server, path: str, body: bytes,
+                    timeout: float | None = None) -> Answer:
+        """POST in a task of its own, which close() (or the server falling sick) cancels:
+        then ServerUnreachable (a cancel of the caller itself stays a cancel)."""
         request = asyncio.ensure_future(self._client.send(
-            "POST", url, body=body, headers=self._headers(),
-            timeout=self.cfg.request_timeout_seconds))
+            "POST", server.url + path, body=body, headers=self._headers(),
+            timeout=timeout or self.cfg.request_timeout_seconds,
+            max_bytes=self.answer_limit))
         self._requests.add(request)
+        server.requests.add(request)
         try:
             return await request
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if self._closing and task is not None and not task.cancelling():
-                raise ServerUnreachable("cut: the engine is shutting down") from None
+            if task is not None and not task.cancelling():
+                if self._closing:
+                    raise ServerUnreachable("cut: the engine is shutting down") from None
+                if server.sick is not None:
+                    raise ServerUnreachable(f"cut: the server is sick ({server.sick})") \
+                        from None
             raise
         finally:
             self._requests.discard(request)
+            server.requests.discard(request)
 
-    async def _post(self, path: str, body: bytes) -> tuple[Answer, _Server]:
-        """POST to the least busy server; retry elsewhere/later on server trouble."""
+    async def _exchange(self, server: _Server, path: str, body: bytes,
+                        parse: Callable[[bytes], T]) -> T:
+        """One request to `server` and its answer, parsed (a long one in a thread).
+        Raises what went wrong: ServerTrouble, TimeoutError, _Refused."""
+        try:
+            resp = await self._send(server, path, body)
+        finally:
+            # synchronous, so that a cancelled request still gives its slot back
+            server.in_flight -= 1
+            self._slot_freed.set()
+        if resp.status != 200:
+            raise _Refused(resp)
+        if len(resp.body) <= INLINE_PARSE_BYTES:
+            return parse(resp.body)
+        return await asyncio.to_thread(parse, resp.body)
+
+    async def _post(self, path: str, body: bytes,
+                    parse: Callable[[bytes], T]) -> tuple[T, _Server]:
+        """POST to the least busy server and parse its answer; another server or a
+        later try when the server is to blame; RemoteRequestError when the page is."""
         errors: list[str] = []
         tries = MIN_TRIES + len(self.servers) - 1
         for n in range(tries):
-            if self._closing:
-                raise EngineUnavailable("the remote engine is shutting down")
             server = await self._acquire()
             try:
-                resp = await self._send(server.url + path, body)
-            except ServerUnreachable as e:
+                result = await self._exchange(server, path, body, parse)
+            except (ServerTrouble, TimeoutError, _Refused) as e:
                 if self._closing:
                     raise EngineUnavailable("the remote engine is shutting down") from None
-                problem = f"{server.url}: {e}"
-                server.failed(problem)
-            except TimeoutError:
-                server.answered()  # it accepted the page; the page is what takes so long
-                raise RemoteRequestError(
-                    f"{server.url}: no answer within engine.request_timeout_seconds = "
-                    f"{self.cfg.request_timeout_seconds:g}") from None
+                problem = f"{server.url}: {_describe(e, self.cfg.request_timeout_seconds)}"
+                blame = await self.sick_server_or_hard_page(server, e)
             else:
-                if resp.status == 200:
-                    server.answered()
-                    server.pages += 1
-                    return resp, server
-                problem = f"{server.url}: HTTP {resp.status}: {resp.error_text()}"
-                if resp.status in CONFIG_STATUS:
-                    server.failed(problem)
-                    raise EngineUnavailable(
-                        f"{problem} (check engine.model, engine.urls and engine.api_key)")
-                if resp.status not in RETRY_STATUS:
-                    server.answered()
-                    raise RemoteRequestError(problem)
-                server.failed(problem)
-            finally:
-                # synchronous, so that a cancelled request still gives its slot back
-                server.in_flight -= 1
-                self._slot_freed.set()
+                server.answered()
+                server.pages += 1
+                return result, server
+            if blame == "page":
+                server.answered()  # it works; this page is what fails
+                raise RemoteRequestError(problem)
+            server.failed(problem)
+            if blame == "settings":
+                raise EngineUnavailable(
+                    f"{problem} (check engine.model, engine.urls and engine.api_key)")
             errors.append(problem)
             log.warning("remote_request_failed", url=server.url, error=problem, attempt=n + 1)
             if n + 1 < tries and not self._any_up():
-                await asyncio.sleep(min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** n))
+                await asyncio.sleep(backoff(n + 1))
         raise EngineUnavailable("no OCR server took the page after "
                                 f"{tries} tries: " + "; ".join(errors[-len(self.servers):]))
 
+    def has_well_server(self) -> bool:
+        """Whether a server is not sick (down for a moment or not)."""
+        return any(s.sick is None for s in self.servers)
+
     def _any_up(self) -> bool:
         now = time.monotonic()
-        return any(not s.is_down(now) for s in self.servers)
+        return any(not s.is_down(now) and s.sick is None for s in self.servers)
 
     async def _acquire(self) -> _Server:
-        """A slot on the least busy server that is up (or on any server, when all are
-        down: a try that fails fast beats waiting blind). Waits while all are full."""
+        """A slot on the least busy server that is up (or on any server that is not
+        sick, when all are down: a try that fails fast beats waiting blind). Waits while
+        all are full; EngineUnavailable when every server is sick."""
         while True:
             if self._closing:
                 raise EngineUnavailable("the remote engine is shutting down")
+            well = [s for s in self.servers if s.sick is None]
+            if not well:
+                raise EngineUnavailable("every OCR server is sick: " + "; ".join(
+                    f"{s.url}: {s.sick}" for s in self.servers))
             now = time.monotonic()
-            up = [s for s in self.servers if not s.is_down(now)] or self.servers
+            up = [s for s in well if not s.is_down(now)] or well
             free = [s for s in up if s.in_flight < s.limit]
             if free:
                 n = len(self.servers)
@@ -365,3 +566,11 @@ class RemoteEngine(Engine):
                 return server
             self._slot_freed.clear()
             await self._slot_freed.wait()
+
+
+def _describe(failure: Exception, timeout: float) -> str:
+    if isinstance(failure, TimeoutError):
+        return f"no answer within engine.request_timeout_seconds = {timeout:g}"
+    if isinstance(failure, BadAnswer):
+        return f"unusable answer: {failure}"
+    return str(failure) or type(failure).__name__

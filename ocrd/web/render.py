@@ -3,7 +3,8 @@
 The Markdown is the model's output, so it is untrusted: anything that is not Markdown or
 one of the table tags DeepSeek-OCR-2 writes (`<table>`, `<tr>`, `<td>` …) is escaped and
 shown as the text it is, and the HTML that comes out is cleaned once more by ammonia
-(nh3) with a short allowlist of tags and attributes. Images are shown only when they are
+(nh3) — with the allowlist of tags, attributes and link schemes that the outbox's
+Markdown is held to as well (ocrd/modeltext.py). Images are shown only when they are
 this document's own figure crops, through the console's asset URL.
 """
 
@@ -18,16 +19,11 @@ import nh3
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-_PAGE_MARK = re.compile(r"^<!-- page (\d+)(?: \(([^()\n]*)\))? -->[ \t]*$", re.MULTILINE)
-_ALLOWED_RAW = re.compile(r"</?(?:table|thead|tbody|tfoot|tr|td|th|br)\b[^<>]*>", re.IGNORECASE)
-_FIGURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
+from ..modeltext import ATTRIBUTES, RAW_TAGS, TAGS, URL_SCHEMES
 
-TAGS = {"p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "s",
-        "code", "pre", "blockquote", "ul", "ol", "li", "a", "img", "table", "thead",
-        "tbody", "tfoot", "tr", "th", "td", "sup", "sub", "span"}
-ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "class"}, "ol": {"start"},
-              "td": {"colspan", "rowspan"}, "th": {"colspan", "rowspan"},
-              "span": {"class"}}
+_PAGE_MARK = re.compile(r"^<!-- page (\d+)(?: \(([^()\n]*)\))? -->[ \t]*$", re.MULTILINE)
+_ALLOWED_RAW = re.compile(rf"</?(?:{'|'.join(sorted(RAW_TAGS))})\b[^<>]*>", re.IGNORECASE)
+_FIGURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
 
 
 @dataclass
@@ -88,6 +84,6 @@ def to_html(markdown: str, assets_folder: str | None = None, asset_url: str = ""
     """One page's Markdown as clean HTML. `assets_folder`: the document's `STEM.assets`
     name as the Markdown links it; `asset_url`: where the console serves its files."""
     dirty = _MD.render(markdown, {"assets": assets_folder, "asset_url": asset_url.rstrip("/")})
-    return nh3.clean(dirty, tags=TAGS, attributes=ATTRIBUTES,
-                     url_schemes={"http", "https", "mailto"},
-                     link_rel="noopener noreferrer nofollow")
+    return nh3.clean(dirty, tags=set(TAGS),
+                     attributes={tag: set(names) for tag, names in ATTRIBUTES.items()},
+                     url_schemes=set(URL_SCHEMES), link_rel="noopener noreferrer nofollow")

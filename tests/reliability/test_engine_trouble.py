@@ -1,14 +1,34 @@
 """An engine that raises, hangs, returns garbage, dies or cannot be reached: bounded
 retries, pages re-queued, never a silent drop. The simulated engine with injected faults
-(engine.testing_faults) stands in for a GPU engine; the faults are deterministic."""
+(engine.testing_faults) stands in for a GPU engine; the faults are deterministic.
+
+The remote engine's servers are fake `vllm serve`s (tests/test_remote_engine.py's
+FakeVllm, served from a thread of the test) that fail as real ones do: drop a thousand
+pages and refuse connections, hang behind a live /v1/models, answer with something that
+is not a chat completion or with text no file should hold. No file may fail for that.
+"""
 
 from __future__ import annotations
 
+import html.parser
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
+from helpers import (
+    Daemon,
+    claimed_files,
+    drop,
+    files_under,
+    free_port,
+    make_pdf,
+    sentence_lines,
+    wait_for,
+)
+from markdown_it import MarkdownIt
+from test_remote_engine import MODEL, FakeVllm, FakeVllmThread
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 
@@ -96,3 +116,177 @@ def test_unreachable_engine_pauses_intake_and_fails_nothing(tmp_path: Path) -> N
     assert claims["doc1.pdf"] > available_at and claims["doc2.pdf"] > available_at
     assert claims["doc0.pdf"] < unavailable_at
     assert files_under(d.failed) == []
+
+
+# ---- the remote engine against servers that fail (fake `vllm serve`s) ----------------
+
+
+def remote(*urls: str, **fields: Any) -> dict:
+    return {"kind": "remote", "model": MODEL, "urls": list(urls), **fields}
+
+
+def small_pdfs(folder: Path, files: int, pages: int) -> list[Path]:
+    """PDFs of `pages` one-inch pages (144 px square at the remote engine's 144 dpi):
+    a thousand pages in flight cost little to render."""
+    from reportlab.pdfgen import canvas
+
+    folder.mkdir(exist_ok=True)
+    out = []
+    for i in range(files):
+        path = folder / f"small{i:03d}.pdf"
+        c = canvas.Canvas(str(path), pagesize=(72, 72))
+        for k in range(pages):
+            c.setFont("Helvetica", 10)
+            c.drawString(8, 30, f"{i}.{k}")
+            c.showPage()
+        c.save()
+        out.append(path)
+    return out
+
+
+def markdowns(d: Daemon, files: list[Path]) -> list[Path]:
+    return [d.outbox / f.name.replace(".pdf", ".md") for f in files]
+
+
+def test_a_fake_server_dropping_1100_pages_and_refusing_for_15_s_fails_no_file(
+        tmp_path: Path) -> None:
+    """150 files of 8 pages, all in flight to one server, which drops 1,100 of them at
+    once and refuses connections for 15 s (as a server killed under full load): every
+    file converts once it is back, none fails."""
+    files = small_pdfs(tmp_path / "src", 150, 8)
+    with FakeVllmThread(FakeVllm(latency=3600, limit=5000)) as server, \
+            Daemon(tmp_path / "d", engine=remote(server.server.url, concurrency_per_url=1200,
+                                                 queue_per_url=0)) as d:
+        d.start()
+        for f in files:
+            drop(f, d.inbox / f.name)
+        wait_for(lambda: server.server.in_flight >= 1100, 600, "1,100 pages in flight")
+        held = server.server.in_flight
+        server.call(lambda s: s.stop())  # every page dropped; connections refused
+        time.sleep(15)  # the outage: what the daemon does meanwhile is under test
+        server.server.latency = 0.01
+        server.call(lambda s: s.start())  # back, on the same port
+        for md in markdowns(d, files):
+            wait_for(lambda md=md: md.exists() or d.events("file_failed"), 600, md.name)
+        failed = d.events("file_failed")
+        waited = d.event("engine_unavailable")
+    assert held >= 1100 and server.server.disconnects >= 1100
+    assert failed == [] and files_under(d.failed) == []
+    assert waited is not None  # the pages waited for the server
+
+
+def test_a_hung_server_makes_files_wait_not_fail(tmp_path: Path) -> None:
+    """A server whose /v1/models answers but whose completions never come back (a hung
+    engine core): the pages wait as for a refused connection; once the server completes
+    pages again, every file converts."""
+    files = small_pdfs(tmp_path / "src", 3, 2)
+    with FakeVllmThread(FakeVllm(hang=True)) as server, \
+            Daemon(tmp_path / "d", engine=remote(server.server.url, request_timeout_seconds=2),
+                   schedule={"page_retries": 1}) as d:
+        d.start()
+        for f in files:
+            drop(f, d.inbox / f.name)
+        # what comes first: the engine found unavailable, or a file failed
+        wait_for(lambda: d.event("engine_unavailable") or files_under(d.failed), 120,
+                 "the hung server to be noticed")
+        assert files_under(d.failed) == []
+        assert d.event("remote_server_sick") is not None
+        server.server.hang = False  # it works again
+        for md in markdowns(d, files):
+            wait_for(md.exists, 120, md.name)
+        recovered = d.event("remote_server_recovered")
+    assert files_under(d.failed) == [] and recovered is not None
+
+
+HOSTILE = ("Total\ud800 due\x00 now\x1b[2J.\n\n<script>alert(1)</script>\n\n"
+           '<img src=x onerror="alert(2)">\n\n'
+           '<table><tr><td colspan="2" onclick="alert(3)">a</td></tr></table>\n\n'
+           "[click](javascript:alert(4)) [secret](file:///etc/shadow) "
+           "[data](data:text/html;base64,PHNjcmlwdD4=)\n\n![](../../../../etc/passwd)\n\n"
+           "<!-- page 9 --> [fine](https://example.com/a)")
+
+
+class _Active(html.parser.HTMLParser):
+    """The tags and attributes of rendered HTML that a viewer would act on: scripts and
+    their kin, event handlers, links to scripts, files or data, images from anywhere but
+    a path inside the outbox."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "style", "iframe", "object", "embed", "svg", "math"):
+            self.found.append(tag)
+        for name, value in attrs:
+            url = (value or "").strip().lower()
+            scheme = url.split("/", 1)[0].partition(":")[1] and url.split(":", 1)[0]
+            if name.startswith("on") or name == "style":
+                self.found.append(f"{tag} {name}")
+            elif name == "href" and scheme not in ("", "http", "https", "mailto"):
+                self.found.append(f"{tag} href={value}")
+            elif name == "src" and (scheme or url.startswith("/") or ".." in url.split("/")):
+                self.found.append(f"{tag} src={value}")
+
+
+def test_model_text_that_is_not_clean_or_is_active_is_made_safe(tmp_path: Path) -> None:
+    """A lone surrogate, NUL and an escape sequence become U+FFFD; the model's scripts,
+    event handlers, script/file/data links and paths out of the outbox are inert in the
+    .md (rendered as an HTML-rendering Markdown viewer does), its table stays a table;
+    the file converts, with its .json and its .md."""
+    (f,) = small_pdfs(tmp_path / "src", 1, 2)
+    with FakeVllmThread(FakeVllm(text=HOSTILE)) as server, \
+            Daemon(tmp_path / "d", engine=remote(server.server.url)) as d:
+        d.start()
+        drop(f, d.inbox / f.name)
+        md = d.outbox / "small000.md"
+        wait_for(lambda: md.exists() or files_under(d.failed), 60, "an outcome")
+    assert files_under(d.failed) == []
+    text = md.read_text(encoding="utf-8")  # valid UTF-8
+    meta = json.loads((d.outbox / "small000.json").read_text(encoding="utf-8"))
+    assert meta["status"] == "ok" and len(meta["pages"]) == 2
+    assert "\x00" not in text and "\x1b" not in text and "Total\ufffd due\ufffd now\ufffd" in text
+    assert text.count("<!-- page ") == 2  # the model's comment is text, not a page mark
+    rendered = MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
+    active = _Active()
+    active.feed(rendered)
+    assert active.found == []
+    assert '<td colspan="2">a</td>' in rendered  # the table kept, without its handler
+    assert 'href="https://example.com/a"' in rendered  # an ordinary link kept
+
+
+def test_answers_of_another_shape_go_to_another_server(tmp_path: Path) -> None:
+    """One server answers `content: 42`, the other OpenAI's list of parts: the first is
+    the server's error (its pages go to the other one), the second is text."""
+    parts = [{"type": "text", "text": "Joined "}, {"type": "text", "text": "parts"}]
+    files = small_pdfs(tmp_path / "src", 4, 2)
+    with FakeVllmThread(FakeVllm(text=42)) as bad, FakeVllmThread(FakeVllm(text=parts)) \
+            as good, Daemon(tmp_path / "d", engine=remote(bad.server.url, good.server.url)) \
+            as d:
+        d.start()
+        for f in files:
+            drop(f, d.inbox / f.name)
+        for md in markdowns(d, files):
+            wait_for(lambda md=md: md.exists() or files_under(d.failed), 120, md.name)
+    assert files_under(d.failed) == []
+    assert all(md.read_text().count("Joined parts") == 2 for md in markdowns(d, files))
+    assert len(bad.server.requests) >= 1
+
+
+def test_a_stop_during_an_outage_ends_at_once_and_leaves_the_file_claimed(
+        tmp_path: Path) -> None:
+    """SIGTERM while no server answers: no page can finish, so the daemon does not wait
+    out drain_timeout_seconds; the file stays claimed and converts at the next start."""
+    (f,) = small_pdfs(tmp_path / "src", 1, 2)
+    port = free_port()
+    with Daemon(tmp_path / "d", engine=remote(f"http://127.0.0.1:{port}/v1"),
+                drain_timeout_seconds=600) as d:
+        d.start()
+        drop(f, d.inbox / f.name)
+        d.wait_event("engine_unavailable", 60)
+        assert d.stop(timeout=60) == 0  # not 600 s
+        assert claimed_files(d.inbox) != [] and files_under(d.failed) == []
+        assert d.event("drain_cut") is not None
+        with FakeVllmThread(FakeVllm(port=port)):
+            d.start()
+            wait_for((d.outbox / "small000.md").exists, 60, "small000.md")

@@ -50,7 +50,7 @@ API_SERVERS = 2
 def managed_config(tiny_config: Callable[..., EngineConfig], **fields: Any) -> EngineConfig:
     cfg = tiny_config(**{"max_tokens": 24, "loop_retries": 0, **fields})
     return cfg.model_copy(update={"vllm": cfg.vllm.model_copy(
-        update={"api_servers": API_SERVERS})})
+        update={"mode": "managed", "api_servers": API_SERVERS})})
 
 
 def noise(seed: int, w: int = 640, h: int = 480) -> PageRequest:
@@ -138,10 +138,10 @@ def test_server_arguments_follow_the_recipe_and_the_config() -> None:
         "text_config": {"head_dim": 128, "rope_theta": 1.0}}
 
 
-def test_create_engine_picks_the_managed_server_for_several_front_ends() -> None:
-    one = EngineConfig.model_validate({"kind": "vllm"})
-    several = EngineConfig.model_validate({"kind": "vllm", "vllm": {"api_servers": 3,
-                                                                    "max_num_seqs": 100}})
+def test_create_engine_picks_the_engine_the_mode_names() -> None:
+    one = EngineConfig.model_validate({"kind": "vllm", "vllm": {"mode": "inprocess"}})
+    several = EngineConfig.model_validate({"kind": "vllm", "vllm": {
+        "mode": "managed", "api_servers": 3, "max_num_seqs": 100}})
     assert isinstance(create_engine(one), VllmEngine)
     engine = create_engine(several)
     assert isinstance(engine, ManagedServerEngine)
