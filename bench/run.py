@@ -25,6 +25,7 @@ from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
 from bench.remote_client import REMOTE_CASES  # noqa: E402
+from bench.search import SEARCH_CASES  # noqa: E402
 from bench.structure import STRUCTURE_CASES  # noqa: E402
 from bench.worst_text import WORST_TEXT_CASES  # noqa: E402
 
@@ -108,6 +109,13 @@ def summary(r: Result) -> str:
                 f"{crowd['crowd']['closed_by_server']} connections closed by the console")
     if r.name.startswith("structure_"):
         return d.get("summary", "")
+    if r.name == "search_p95_vs_100ms_100k_pages":
+        worst = d["queries"][d["worst"]]
+        return (f"{d['index']['pages']} pages ({d['index']['index_mb']} MB); worst p95 "
+                f"{worst['p95_ms']} ms: {d['worst']}")
+    if r.name == "search_on_vs_off_throughput":
+        return (f"{max(x['pages_per_s'] for x in d['on']):.2f} vs "
+                f"{max(x['pages_per_s'] for x in d['off']):.2f} pages/s")
     if r.name.startswith("worst_text_"):
         return (f"loop blocked {d['blocked_ms']} ms at most (rounds {d['rounds_blocked_ms']}"
                 f", idle noise {d['rounds_idle_noise_ms']}), {d['answer_chars']:,} chars, "
@@ -120,6 +128,7 @@ def summary(r: Result) -> str:
 CASES.update(CONSOLE_CASES)
 CASES.update(REMOTE_CASES)
 CASES.update(STRUCTURE_CASES)
+CASES.update(SEARCH_CASES)
 CASES.update(WORST_TEXT_CASES)
 
 

@@ -96,10 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "the key and its value. Exit 0 when the daemon could start with it.")
     check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
-    status = command("status", "queue, counts by state and recent failures",
+    status = command("status", "queue, counts by state, recent failures, and the files "
+                     "waiting or converting by name",
                      "Show the files by state and the recent failures from the journal, "
-                     "and the queue and pages in flight when the daemon answers on "
-                     "metrics.listen.")
+                     "the queue and pages in flight when the daemon answers on "
+                     "metrics.listen, and the files waiting or converting, by name, when "
+                     "its console answers on web.listen.")
     status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     status.add_argument("--json", action="store_true",
                         help="machine-readable output (times in ISO 8601, UTC)")
@@ -248,7 +250,7 @@ def _tls_files(cfg: Config) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .journal import Journal
-    from .status import daemon_metrics
+    from .status import console_status, daemon_metrics, file_lines
 
     found = configfile.find(args.config)
     cfg = configfile.load(found)
@@ -262,12 +264,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     journal = Journal(path, readonly=True)
     counts = journal.counts()
     failures = journal.recent_failures(args.n)
+    queued = [j for j in journal.open_jobs() if j.state in ("claiming", "claimed")]
     journal.close()
     live = daemon_metrics(cfg.metrics.listen) if cfg.metrics.listen else None
+    console = console_status(cfg.web)
     if args.json:
         print(json.dumps({
             "config": {"path": str(found.path), "origin": found.origin},
             "counts": counts, "daemon": live,
+            "waiting": console.get("waiting") if console else None,
+            "converting": console.get("converting") if console else None,
+            "problems": console.get("problems") if console else None,
+            "queued": [shown(j.relpath) for j in queued],
             "recent_failures": [{"file": shown(j.relpath), "reason": j.reason,
                                  "message": j.message, "moved_to": shown(j.output or ""),
                                  "finished": iso(j.finished)}
@@ -284,6 +292,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(printable(f"inbox {paused['inbox']}: PAUSED, {paused['why']}"))
     order = ["claimed", "converting", "finishing", "done", "failed"]
     print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
+    if console is not None:
+        lines = file_lines(console)
+        print("files by name:" if lines else "no file waiting or converting")
+        for line in lines:
+            print(printable(line))
+    elif cfg.web.listen:
+        print("files by name: the console does not answer (web.listen)")
+    for j in queued[:args.n]:
+        print(printable(f"  queued      {shown(j.relpath)}  [{shown(j.inbox)}]"))
+    if len(queued) > args.n:
+        print(f"  … and {len(queued) - args.n} more queued")
     if failures:
         print("recent failures:")
         for j in failures:

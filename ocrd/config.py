@@ -288,12 +288,19 @@ class WebConfig(_Strict):
         "(`LoadCredential=` in the unit). Once set, the console asks for it even on "
         "loopback."))
     previews: bool = Field(True, description=(
-        "A small JPEG of every page converted, under state_dir/previews, for the review "
-        "page (also once the original is archived or deleted)."))
+        "Page images for the review page, rendered from the original when a page is "
+        "first looked at (conversion pays nothing for them) and cached under "
+        "state_dir/previews."))
     previews_days: float = Field(30.0, gt=0, description=(
-        "Previews older than this many days are removed."))
+        "Cached page images older than this many days are removed."))
     previews_max_bytes: int = Field(2 * 1024**3, ge=0, description=(
-        "Previews beyond this many bytes in all are removed, oldest documents first."))
+        "Cached page images beyond this many bytes in all are removed, oldest documents "
+        "first."))
+    search: bool = Field(True, description=(
+        "Full-text search over every converted page (an index in "
+        "state_dir/search.sqlite3, filled as files finish)."))
+    upload_max_bytes: int = Field(200 * 1024**2, ge=0, description=(
+        "The largest file the console's upload form takes (0: no uploads)."))
 
     _hostport = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 

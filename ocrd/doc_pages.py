@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import budget, errors, pagepixels, pages
 from .engines.base import PageOutput, PageRequest
-from .previews import render_with_preview
 
 if TYPE_CHECKING:
     from . import pdfout
@@ -65,12 +64,10 @@ class DocumentPages:
         self.conv.pending -= 1
         self.conv._progress()
 
-    async def _render(self, i: int, first: bool = False) -> pages.RenderedPage:
+    async def _render(self, i: int) -> pages.RenderedPage:
         conv = self.conv
-        # a page's first rendering also makes the console's preview, in the worker
-        fn = render_with_preview if first and conv.previews is not None else pages.render_page
-        return await self.workers.call(fn, self.src.path, self.info, i, conv.resolution,
-                                       conv.cfg.limits.max_pixels)
+        return await self.workers.call(pages.render_page, self.src.path, self.info, i,
+                                       conv.resolution, conv.cfg.limits.max_pixels)
 
     async def _page(self, i: int) -> None:
         conv = self.conv
@@ -83,7 +80,7 @@ class DocumentPages:
             await memory.reserve(self.guess)
             t = time.monotonic()
             try:
-                rendered = await self._render(i, first=True)
+                rendered = await self._render(i)
             except FILE_FAILURES:
                 raise
             except errors.OcrdError as e:
@@ -92,8 +89,6 @@ class DocumentPages:
             render_s = time.monotonic() - t
             self.guess = conv.resolution.cost(rendered.mode, rendered.width * rendered.height)
             await memory.settle(self.guess)
-            if conv.previews is not None:
-                conv.previews.page(self.src.sha256, i + 1, rendered)  # queued, not waited for
             size = replace(rendered, data=b"")  # what the sidecar needs
             # A page waits for its slot packed (RGB; grey or 1-bit for an engine that reads
             # those: a Pillow RGB image takes a third more) and becomes an image when
@@ -117,6 +112,8 @@ class DocumentPages:
             self._moved_on()
             out = await self._in_engine(request, i)
             self.unfinished -= 1
+            if (doc := conv.documents.get(id(self.src))) is not None:
+                doc.done += 1
             self.results[i] = await conv._page_result(i, out,
                                                       kept[0].to_image if kept else None, size,
                                                       render_s, self.staging, self.assets_link)

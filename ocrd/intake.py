@@ -229,6 +229,7 @@ class Intake:
                    decision: readiness.Decision, checked: os.stat_result | None) -> None:
         entry = cand.entry
         if isinstance(decision, readiness.Wait):
+            cand.why = decision.reason
             if decision.report:
                 cand.reported.add(decision.report)
                 log.info("file_incomplete", file=entry.relpath, reason=decision.reason,

@@ -106,7 +106,7 @@ class Jobs:
         src = Source(fd, item.relpath, inbox=str(inbox.path), prompt_mode=inbox.cfg.prompt,
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
-                     claimed_at=item.claimed_at or 0.0)
+                     claimed_at=item.claimed_at or 0.0, job_id=item.job_id)
         if "pdf" in inbox.cfg.outputs:
             src.pdf = PdfSettings(inbox.cfg.pdf_text_layer, inbox.cfg.pdf_suffix)
         if plain:

@@ -54,6 +54,9 @@ OPEN_STATES = ("claiming", "claimed", "converting", "finishing")
 # A failed row whose original was put back into its inbox (`ocrd retry`); the file
 # then comes in again as a new row.
 RETRIED = "retried"
+# A failed row a person has looked at and set aside (the console's Dismiss): off the
+# Failed list, its original still in failed/.
+DISMISSED = "dismissed"
 
 # SQLite's answers that mean the state folder cannot take writes now (full, read-only,
 # gone, I/O errors): not a file's fault, nothing to fail a file for. The daemon backs
@@ -327,7 +330,25 @@ class Journal:
             (bucket_seconds, bucket_seconds, since))
         return {int(t): int(n) for t, n in rows}
 
+    def done_after(self, finished: float, job_id: int, limit: int) -> list[Job]:
+        """Done rows after (finished, id), in that order (the search indexer's walk)."""
+        return self._many("WHERE state='done' AND (finished > ? OR (finished = ? AND id > ?))"
+                          " ORDER BY finished, id LIMIT ?", finished, finished, job_id, limit)
+
+    def names_of(self, job_ids: list[int]) -> dict[int, Job]:
+        if not job_ids:
+            return {}
+        marks = ",".join("?" * len(job_ids))
+        return {j.id: j for j in self._many(f"WHERE id IN ({marks})", *job_ids)}
+
     # -- retry --------------------------------------------------------------------------
+
+    @_guarded
+    def dismiss(self, job_id: int) -> bool:
+        """Set a failed row aside; False when it is not (or no longer) failed."""
+        cur = self.db.execute("UPDATE jobs SET state=? WHERE id=? AND state='failed'",
+                              (DISMISSED, job_id))
+        return cur.rowcount == 1
 
     @_guarded
     def mark_retried(self, job_id: int, put_back: str) -> bool:
@@ -341,12 +362,13 @@ class Journal:
 
 # What the console calls a state, as journal states (`degraded`: done with degraded pages).
 FILTER_STATES: dict[str, tuple[tuple[str, ...], str]] = {
-    "waiting": (("claiming", "claimed"), ""),
+    "queued": (("claiming", "claimed"), ""),
     "converting": (("converting", "finishing"), ""),
     "done": (("done",), " AND COALESCE(degraded, 0) = 0"),
     "degraded": (("done",), " AND degraded > 0"),
     "failed": (("failed",), ""),
     "retried": ((RETRIED,), ""),
+    "dismissed": ((DISMISSED,), ""),
 }
 
 

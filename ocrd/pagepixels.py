@@ -31,8 +31,6 @@ class RenderedPage:
     dpi: float  # the dpi actually used (lower than asked for oversized pages)
     # in a render worker: the tmpfs file that already holds the pixels (data is empty)
     shared: str | None = field(default=None, compare=False, repr=False)
-    # the console's JPEG preview of the page, made in the worker (ocrd/previews.py)
-    preview: bytes | None = field(default=None, compare=False, repr=False)
     mode: str = "RGB"  # "RGB", "L" (grey) or "1" (packed bits)
 
     def to_image(self, data: bytes | bytearray | None = None) -> Image.Image:
@@ -47,14 +45,14 @@ class RenderedPage:
         # In a render worker, large pixel data leaves through tmpfs (see below).
         if self.shared is not None:
             return (_from_shared, (self.index, self.width, self.height, self.dpi,
-                                   self.shared, self.preview, self.mode))
+                                   self.shared, self.mode))
         if _shared_tag is not None and len(self.data) >= SHARED_MIN_BYTES:
             path = _to_shared(self.data)
             if path is not None:
                 return (_from_shared, (self.index, self.width, self.height, self.dpi, path,
-                                       self.preview, self.mode))
+                                       self.mode))
         return (RenderedPage, (self.index, self.width, self.height, self.data, self.dpi,
-                               None, self.preview, self.mode))
+                               None, self.mode))
 
 
 @dataclass(frozen=True)
@@ -147,7 +145,7 @@ def _shared_path() -> str:
 
 
 def _from_shared(index: int, width: int, height: int, dpi: float, path: str,
-                 preview: bytes | None = None, mode: str = "RGB") -> RenderedPage:
+                 mode: str = "RGB") -> RenderedPage:
     """Main side (unpickling a worker's page): read the file and remove it."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -163,7 +161,7 @@ def _from_shared(index: int, width: int, height: int, dpi: float, path: str,
             data = b"".join(chunks)
     finally:
         os.close(fd)
-    return RenderedPage(index, width, height, data, dpi, preview=preview, mode=mode)
+    return RenderedPage(index, width, height, data, dpi, mode=mode)
 
 
 def pixels(page: RenderedPage) -> bytes:

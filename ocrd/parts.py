@@ -47,8 +47,7 @@ class Parts:
         # output names reserved on the share too, under this daemon's tag (outbox.py)
         reservations = outbox.Reservations(state_folder.instance[:8])
         converter = Converter(cfg, engine, pools[0], slots, reservations, daemon.metrics,
-                              liveness=daemon.liveness,
-                              previews=daemon.console.previews if daemon.console else None)
+                              liveness=daemon.liveness)
         parts: Parts
 
         def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first

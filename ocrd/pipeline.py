@@ -30,7 +30,6 @@ from .doc_pages import DocumentPages
 from .engines.base import Engine, PageOutput, PageRequest
 from .markdown import PageMarkdown
 from .notify import Liveness
-from .previews import Previews
 from .render_pool import DocumentWorkers
 from .schedule import FairSlots
 
@@ -55,11 +54,22 @@ class Source:
     same_path_replaces: bool = False
     stem: str | None = None  # the outputs' name, when not the source's own (plain names)
     pdf: pdfout.PdfSettings | None = None  # write the searchable PDF too (outputs: pdf)
+    job_id: int | None = None  # its journal row (the console links to it)
 
     @property
     def path(self) -> str:
         """What render workers and poppler open: exactly this open file."""
         return safefs.fd_path(self.fd)
+
+
+@dataclass
+class DocProgress:
+    """A document being converted, as the console shows it: page k of n."""
+
+    src: Source
+    pages: int
+    started: float  # wall time its first page was asked for
+    done: int = 0  # pages with their engine output
 
 
 @dataclass
@@ -133,10 +143,8 @@ class EngineGate:
 class Converter:
     def __init__(self, cfg: Config, engine: Engine, pool: pages.RenderPool,
                  slots: FairSlots, reservations: outbox.Reservations | None = None,
-                 metrics: Any = None, liveness: Liveness | None = None,
-                 previews: Previews | None = None) -> None:
+                 metrics: Any = None, liveness: Liveness | None = None) -> None:
         self.cfg = cfg
-        self.previews = previews  # the console's page previews (ocrd/previews.py)
         self.liveness = liveness
         self.engine = engine
         self.pool = pool
@@ -153,6 +161,8 @@ class Converter:
         self.pending = 0
         # Called when a page moves on or a document finishes (the scheduler's poke).
         self.on_progress: Callable[[], None] | None = None
+        # documents converting now (the console's "page k of n")
+        self.documents: dict[int, DocProgress] = {}
 
     def set_memory(self, memory_bytes: int | None) -> None:
         """The memory budget (`limits.memory_bytes`, None: sized to the page slots), also
@@ -206,6 +216,7 @@ class Converter:
         pdf = pdfout.SearchablePdf(src.pdf, info.pages, self.engine.output_format ==
                                    "grounding") if src.pdf else None
         try:
+            self.documents[id(src)] = DocProgress(src, info.pages, time.time())
             results = await DocumentPages(self, workers, src, info, staging, staging.final,
                                           blog, pdf).run()
             if pdf is not None:  # before the sidecar, which lists it, and the Markdown
@@ -221,6 +232,7 @@ class Converter:
             raise
         finally:
             self.reservations.release(out_dir, base)
+            self.documents.pop(id(src), None)
         blog.info("file_converted", pages=info.pages, seconds=round(t0.seconds(), 3),
                   output=str(out_dir.path / (base + ".md")), degraded=meta["degraded_pages"])
         return Written(out_dir.path, base + ".md", base + ".json",

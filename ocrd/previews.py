@@ -1,102 +1,109 @@
-"""Page previews for the console's review page: a small JPEG of every page the pipeline
-renders, so a page can be checked against its Markdown after the original was archived
-or deleted. Made in the render worker that renders the page (render_with_preview),
-written by one thread, kept within `web.previews_days` and `web.previews_max_bytes`.
+"""Page images for the console's review page, made on demand: the first time a page is
+looked at, it is rendered from the original (wherever the original is now: the work
+area, the archive, the inbox, failed/) in a worker process of the console's own, turned
+upright as the engine read it, and cached. Conversion never pays for them.
 
-Layout: `state_dir/previews/<sha256[:2]>/<sha256>/p0001.jpg` — keyed by the document's
-content, so the console finds them from the sidecar's `source.sha256`, and a document
-converted again reuses its folder. Previews are disposable: written without fsync, and
-a page whose preview could not be made (queue full, disk full) just has none.
+Layout: `state_dir/previews/<sha256[:2]>/<sha256>/p0001.jpg` (`-full` for the large
+size) — keyed by the document's content, so a document converted again reuses them.
+Previews are disposable: written without fsync, kept within `web.previews_days` and
+`web.previews_max_bytes` (oldest documents removed first).
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import io
+import multiprocessing
 import os
-import queue
 import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 from PIL import Image
 
-from .pagepixels import RenderedPage, pixels
-from .pages import DocInfo, render_page
-from .resolution import Resolution
+from . import errors
 
 log = structlog.get_logger("ocrd.previews")
 
-LONG_SIDE = 1600  # px, the longest side of a preview
-QUALITY = 70  # JPEG
+# size name → (dpi it is rendered at, longest side of the JPEG)
+SIZES = {"page": (150, 1600), "full": (300, 4000)}
+QUALITY = 75  # JPEG
 NEAREST_UP_TO = 1.25  # see encode()
-# Previews (JPEG, ~50-250 KB) waiting to be written: beyond this (a disk slower than
-# the conversion), a page gets none rather than slowing the conversion.
-QUEUE_PAGES = 64
-WRITERS = 1
 SWEEP_SECONDS = 600.0
+RENDER_TIMEOUT = 60.0
+MAX_PIXELS = 40_000_000  # a page image rendered for a preview, at most
+# OSD's "Rotate: N" (the sidecar's `rotation`) is the clockwise turn that makes the page
+# upright; Pillow's transpositions turn counter-clockwise
+_TURN = {90: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180,
+         270: Image.Transpose.ROTATE_90}
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def page_name(page_no: int) -> str:
-    return f"p{page_no:04d}.jpg"
+def page_name(page_no: int, size: str = "page") -> str:
+    return f"p{page_no:04d}.jpg" if size == "page" else f"p{page_no:04d}-{size}.jpg"
 
 
-def encode(image: Image.Image) -> bytes:
-    """The page image as a JPEG whose long side is at most LONG_SIDE (1000–1600 px for
-    pages rendered larger)."""
-    # Pillow's filtered resize costs several times the JPEG encoding (48 against 8 ms for
-    # an A4 page at 144 dpi, 1684 px). So: an integer box reduction (fast, and smooth),
-    # then at most a 1.25 × shrink by dropping rows and columns, which leaves text as
-    # readable as the filter does; a larger rest takes one more reduction step instead.
-    factor = max(image.size) / LONG_SIDE
+def encode(image: Image.Image, long_side: int) -> bytes:
+    """The image as a JPEG whose long side is at most `long_side`."""
+    # An integer box reduction (fast, and smooth), then at most a 1.25 × shrink by
+    # dropping rows and columns, which leaves text as readable as a filtered resize.
+    factor = max(image.size) / long_side
     if factor > 1:
         k = max(1, int(factor))
         if factor / k > NEAREST_UP_TO:
             k += 1
         if k > 1:
             image = image.reduce(k)
-        if max(image.size) > LONG_SIDE:
-            scale = LONG_SIDE / max(image.size)
+        if max(image.size) > long_side:
+            scale = long_side / max(image.size)
             image = image.resize((max(1, round(image.width * scale)),
                                   max(1, round(image.height * scale))),
                                  Image.Resampling.NEAREST)
+    if image.mode not in ("L", "RGB"):
+        image = image.convert("RGB")
     buf = io.BytesIO()
     image.save(buf, "JPEG", quality=QUALITY)
     return buf.getvalue()
 
 
-def render_with_preview(path: str, info: DocInfo, index: int, dpi: float | Resolution,
-                        max_pixels: int) -> RenderedPage:
-    """pages.render_page, plus the page's preview — run in a render worker, so that the
-    preview costs worker time beside rendering, never the daemon's loop or its GIL."""
-    page = render_page(path, info, index, dpi, max_pixels)
+def make_preview(path: str, index: int, size: str, rotation: int | None) -> bytes:
+    """Render page `index` (0-based) of the document at `path`, turned upright, as a
+    JPEG — in the previews' worker process."""
+    from . import pages
+    from .pagepixels import pixels
+
+    dpi, long_side = SIZES[size]
     try:
+        info = pages.probe(path, dpi, 1_000_000, 1 << 62, MAX_PIXELS)
+        if not 0 <= index < info.pages:
+            raise errors.OcrdError(f"the document has no page {index + 1}")
+        page = pages.render_page(path, info, index, dpi, MAX_PIXELS)
         image = page.to_image(pixels(page))
-        if page.mode == "1":  # a 1-bit scan: its preview is small anyway
-            image = image.convert("L")
-        return replace(page, preview=encode(image))
-    except (OSError, ValueError, MemoryError) as e:
-        log.warning("preview_failed", page=index + 1, error=str(e))
-        return page
+    finally:
+        pages.forget(path)
+    if image.mode == "1":
+        image = image.convert("L")
+    if rotation in _TURN:
+        image = image.transpose(_TURN[rotation])
+    return encode(image, long_side)
 
 
 @dataclass
 class PreviewStats:
-    written: int = 0
-    skipped: int = 0  # queue full or write failed
+    made: int = 0
+    served_from_cache: int = 0
+    failed: int = 0
     bytes_written: int = 0
     swept_docs: int = 0
 
 
 class Previews:
-    """The store and its writer thread. `page()` is called on the event loop for every
-    rendered page and returns at once."""
+    """The cache, and the worker process that renders what is not in it yet."""
 
     def __init__(self, root: Path, days: float, max_bytes: int,
                  sweep_seconds: float = SWEEP_SECONDS) -> None:
@@ -105,11 +112,10 @@ class Previews:
         self.max_bytes = max_bytes
         self.sweep_seconds = sweep_seconds
         self.stats = PreviewStats()
-        self._queue: queue.Queue[tuple[str, int, bytes] | None] = queue.Queue(QUEUE_PAGES)
-        self._threads = [threading.Thread(target=self._run, name=f"previews-{k}", daemon=True)
-                         for k in range(WRITERS)]
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()  # the pool, stats and sweeps
         self._since_sweep = 0
-        self._lock = threading.Lock()  # stats and sweeps, shared by the writers
+        self._last_sweep = 0.0
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -120,76 +126,76 @@ class Previews:
             return None
         return self.root / sha256[:2] / sha256
 
-    def path(self, sha256: str, page_no: int) -> Path | None:
+    def path(self, sha256: str, page_no: int, size: str = "page") -> Path | None:
         folder = self.folder(sha256)
-        return folder / page_name(page_no) if folder is not None and page_no >= 1 else None
+        if folder is None or page_no < 1 or size not in SIZES:
+            return None
+        return folder / page_name(page_no, size)
 
-    # -- writing -------------------------------------------------------------------------
+    # -- life ----------------------------------------------------------------------------
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        for thread in self._threads:
-            thread.start()
 
     def stop(self) -> None:
-        for _ in self._threads:
-            with contextlib.suppress(queue.Full):
-                self._queue.put(None, timeout=5)
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=10)
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
-    def page(self, sha256: str | None, page_no: int, page: RenderedPage) -> None:
-        """Queue a rendered page's preview for writing (called on the event loop where
-        the pipeline renders the page; returns at once)."""
-        if sha256 is None or page.preview is None:
-            return
-        try:
-            self._queue.put_nowait((sha256, page_no, page.preview))
-        except queue.Full:
-            self.stats.skipped += 1
-            if self.stats.skipped % 100 == 1:
-                log.warning("previews_skipped", pages=self.stats.skipped,
-                            why="previews are made faster than the disk takes them")
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            return self._pool
 
-    def _run(self) -> None:
-        next_sweep = 0.0
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.1, next_sweep - time.monotonic()))
-            except queue.Empty:
-                item = ()  # type: ignore[assignment]
-            if item is None:
-                return
-            if item:
-                self._write(*item)
-            # on a timer, and as soon as 2 % of the byte limit was written since the last
-            # sweep, so that a burst of conversions cannot overshoot it far
-            with self._lock:
-                due = time.monotonic() >= next_sweep or \
-                    self._since_sweep > self.max_bytes // 50
-                if due:
-                    self.sweep()
-                    next_sweep = time.monotonic() + self.sweep_seconds
+    # -- making --------------------------------------------------------------------------
 
-    def _write(self, sha256: str, page_no: int, data: bytes) -> None:
-        path = self.path(sha256, page_no)
+    def make(self, sha256: str, page_no: int, size: str, source_path: str,
+             rotation: int | None) -> bytes | None:
+        """Render the page from `source_path` (an open file's /proc path), cache it and
+        return it; None when it cannot be made (logged)."""
+        path = self.path(sha256, page_no, size)
         if path is None:
-            return
+            return None
+        try:
+            data = self._executor().submit(make_preview, source_path, page_no - 1, size,
+                                           rotation).result(timeout=RENDER_TIMEOUT)
+        except concurrent.futures.process.BrokenProcessPool as e:
+            with self._lock:
+                self._pool = None  # a decoder crashed the worker: a fresh one next time
+            return self._failed(page_no, e)
+        except (errors.OcrdError, OSError, ValueError, MemoryError, TimeoutError) as e:
+            return self._failed(page_no, e)
+        self._write(path, data)
+        return data
+
+    def _failed(self, page_no: int, e: BaseException) -> None:
+        self.stats.failed += 1
+        log.warning("preview_failed", page=page_no, error=str(e) or type(e).__name__)
+        return None
+
+    def _write(self, path: Path, data: bytes) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".tmp-{page_no}-{threading.get_ident()}")
+            tmp = path.with_name(f".tmp-{path.name}-{threading.get_ident()}")
             tmp.write_bytes(data)
             os.replace(tmp, path)
             os.utime(path.parent)  # the document's age for retention: last written
-        except (OSError, ValueError) as e:
-            self.stats.skipped += 1
-            log.warning("preview_failed", page=page_no, error=str(e))
+        except OSError as e:
+            log.warning("preview_not_cached", path=str(path), error=str(e))
             return
         with self._lock:
-            self.stats.written += 1
+            self.stats.made += 1
             self.stats.bytes_written += len(data)
             self._since_sweep += len(data)
+            # as soon as 2 % of the byte limit was written since the last sweep, so
+            # that many pages looked at in a row cannot overshoot it far
+            due = self._since_sweep > self.max_bytes // 50 or \
+                time.monotonic() - self._last_sweep > self.sweep_seconds
+            if due:
+                self.sweep()
 
     # -- retention -----------------------------------------------------------------------
 
@@ -197,6 +203,7 @@ class Previews:
         """Remove documents older than `days`, then the oldest until the total is within
         `max_bytes`. Returns the documents removed."""
         self._since_sweep = 0
+        self._last_sweep = time.monotonic()
         docs = []
         for sub in _dirs(self.root):
             for doc in _dirs(sub):

@@ -49,6 +49,7 @@ class Candidate:
     reported: set[str] = field(default_factory=set)  # warnings already logged
     # checks that failed with an unexpected exception (a bug), as internal errors
     failures: list[errors.OcrdError] = field(default_factory=list)
+    why: str | None = None  # the last check's reason for waiting (empty, truncated ...)
 
     def key(self) -> tuple[int, int, int]:
         return (self.entry.size, self.entry.mtime_ns, self.entry.ino)
@@ -183,6 +184,7 @@ class Tracker:
         elif (entry.size, entry.mtime_ns, entry.ino) != cand.key():
             cand.entry = entry
             cand.last_change = now
+            cand.why = None
             cand.closed = cand.writer_done = False
             cand.next_check = 0.0
         if closed:

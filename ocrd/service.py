@@ -38,6 +38,7 @@ from .parts import Parts
 from .recovery import Recovery, prepare_inbox
 from .roots import Roots, configured
 from .state import StateError, StateFolder
+from .waiting import converting_files, waiting_files
 from .web import Console, InboxLive, Live, LiveStatus
 
 log = structlog.get_logger("ocrd.service")
@@ -346,17 +347,21 @@ class Daemon:
             (self.cfg.engine.kind, self.cfg.engine.model)
         if parts is None:  # the engine is still loading
             return Live(life, kind, model, False, 0, 0.0, 0, 0, 0, version=__version__)
+        engine_open = parts.converter.gate.open.is_set()
+        wall = time.time()
         return Live(
             state=life, engine_kind=kind, engine_model=model,
-            engine_ready=life == "ready" and parts.converter.gate.open.is_set(),
+            engine_ready=life == "ready" and engine_open,
             pages_done=parts.outcomes.done_pages,
             pages_per_second=self.heartbeat.rate(now) if self.heartbeat else 0.0,
             pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,
             converting=len(parts.scheduler.active),
             inboxes=tuple(InboxLive(names.shown(str(i.path)), i.watch, i.available,
                                     len(i.tracker), i.paused_why is not None,
-                                    names.printable(i.paused_why or "") or None)
+                                    names.printable(i.paused_why or "") or None,
+                                    waiting_files(i, engine_open, now, wall))
                           for i in parts.inboxes),
+            converting_files=converting_files(parts.converter.documents.values(), wall),
             version=__version__)
 
 

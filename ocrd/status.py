@@ -1,11 +1,17 @@
-"""What `ocrd status` asks a running daemon: its /readyz and a few /metrics values."""
+"""What `ocrd status` asks a running daemon: its /readyz and a few /metrics values, and
+its console's /api/status for the files by name (waiting, converting)."""
 
 from __future__ import annotations
 
+import json
+import time
 import urllib.error
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from .config import ConfigError, WebConfig
+from .web.auth import load_token
 
 
 def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
@@ -45,3 +51,42 @@ def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
                     {"inbox": sample.labels.get("inbox", "?"),
                      "why": sample.labels.get("why", "?")})
     return out
+
+
+def console_status(web: WebConfig, timeout: float = 2.0) -> dict | None:
+    """The console's /api/status of a running daemon (None: no console, or no answer)."""
+    if web.listen is None:
+        return None
+    host, _, port = web.listen.rpartition(":")
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    headers = {"Host": f"{host}:{port}"}
+    try:
+        token = load_token(web)
+    except ConfigError:
+        token = None
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"http://{host}:{port}/api/status", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def file_lines(status: dict) -> list[str]:
+    """The files by name: converting (page k of n), then waiting (why, until when)."""
+    lines = []
+    for f in status.get("converting") or []:
+        eta = f" (about {f['eta_seconds']:.0f} s left)" if f.get("eta_seconds") else ""
+        lines.append(f"  converting  {f['name']}  page {f['pages_done']} of "
+                     f"{f['pages']}{eta}")
+    for w in status.get("waiting") or []:
+        until = ""
+        if w.get("until") and not w.get("fails_then"):
+            until = f" (until {time.strftime('%H:%M:%S', time.localtime(w['until']))})"
+        lines.append(f"  waiting     {w['name']}  {w['why']}{until}  [{w['inbox']}]")
+    for p in status.get("problems") or []:
+        lines.append(f"  PROBLEM     {p['text']}")
+    return lines

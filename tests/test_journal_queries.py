@@ -33,7 +33,7 @@ def test_filters_by_state_inbox_and_name(tmp_path: Path) -> None:
     assert ids(state="done") == [3, 1]
     assert ids(state="degraded") == [2]
     assert ids(state="failed") == [4]
-    assert ids(state="waiting") == [6, 5]
+    assert ids(state="queued") == [6, 5]  # claimed; "waiting" is the inbox's, not a row's
     assert ids(inbox="/other") == [6]
     assert ids(name="f.pdf") == [5]  # case-insensitive
     assert ids(name="%") == [2] and ids(name="_") == [3]  # literal, not wildcards

@@ -1,5 +1,6 @@
-"""Page previews: JPEG, long side at most 1600 px, written by one thread without holding
-up the caller; the store stays within its age and byte limits."""
+"""Page previews, made on demand: rendered from the original in the previews' own worker
+process when first asked for, turned upright as the engine read the page, cached (and
+served from the cache after), within their age and byte limits; conversion renders none."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 import time
 from pathlib import Path
 
-from helpers import wait_for
+from helpers import make_pdf, sentence_lines
 from PIL import Image
 
-from ocrd import pages
 from ocrd.pages import RenderedPage
-from ocrd.previews import LONG_SIDE, QUEUE_PAGES, Previews, encode, render_with_preview
+from ocrd.previews import SIZES, Previews, encode
+from ocrd.safefs import fd_path
+
+LONG_SIDE = SIZES["page"][1]
 
 
 def _page(w: int = 1191, h: int = 1684) -> RenderedPage:
@@ -27,57 +30,72 @@ def test_encode_is_a_jpeg_within_the_long_side() -> None:
     # A4 at 144, 200 and 300 dpi, a wide scan, a small image
     for w, h, long_side in ((1191, 1684, 1600), (1654, 2339, 1170), (2480, 3508, 1600),
                             (3000, 2000, 1500), (400, 300, 400)):
-        img = Image.open(io.BytesIO(encode(_page(w, h).to_image())))
+        img = Image.open(io.BytesIO(encode(_page(w, h).to_image(), LONG_SIDE)))
         assert img.format == "JPEG"
         assert max(img.size) == long_side <= LONG_SIDE
         assert abs(img.size[0] / img.size[1] - w / h) < 0.01
 
 
-def test_the_render_worker_makes_the_preview(tmp_path: Path) -> None:
-    """In the daemon's render pool (processes, pages through tmpfs): the page comes back
-    with its pixels as before and its preview beside them."""
-    import asyncio
+def _bar_pdf(path: Path) -> Path:
+    """One A4 page with a black bar at its top."""
+    from reportlab.lib.pagesizes import A4
+    from reportlab.pdfgen import canvas
 
-    from helpers import make_pdf, sentence_lines
-
-    pdf = make_pdf(tmp_path / "a.pdf", [sentence_lines(1), sentence_lines(2)])
-
-    async def run() -> list[RenderedPage]:
-        pool = pages.RenderPool(1)
-        await pool.start()
-        try:
-            info = await pool.call(pages.probe, str(pdf), 144, 10, 2**31, 200_000_000)
-            return [await pool.call(render_with_preview, str(pdf), info, i, 144, 200_000_000)
-                    for i in range(info.pages)]
-        finally:
-            await pool.close()
-
-    for got in asyncio.run(run()):
-        plain = pages.render_page(str(pdf), pages.probe(str(pdf), 144, 10, 2**31, 200_000_000),
-                                  got.index, 144, 200_000_000)
-        assert got.data == plain.data and got.preview is not None
-        img = Image.open(io.BytesIO(got.preview))
-        assert img.format == "JPEG" and max(img.size) == LONG_SIDE
+    c = canvas.Canvas(str(path), pagesize=A4)
+    c.rect(40, A4[1] - 90, A4[0] - 80, 50, fill=1)
+    c.showPage()
+    c.save()
+    return path
 
 
-def test_writer_thread_writes_and_a_full_queue_skips(tmp_path: Path) -> None:
+def _top_is_dark(jpeg: bytes) -> bool:
+    img = Image.open(io.BytesIO(jpeg)).convert("L")
+    top = img.crop((0, 0, img.width, img.height // 10)).getextrema()[0]
+    bottom = img.crop((0, img.height * 9 // 10, img.width, img.height)).getextrema()[0]
+    return top < 50 < bottom
+
+
+def test_made_on_demand_upright_and_cached(tmp_path: Path) -> None:
+    pdf = _bar_pdf(tmp_path / "bar.pdf")
     p = Previews(tmp_path / "previews", days=30, max_bytes=10**9)
-    sha = "cd" * 32
-    page = RenderedPage(0, 1, 1, b"\0\0\0", 72.0, preview=b"\xff\xd8 jpeg")
-    # not started: nothing takes from the queue, so after QUEUE_PAGES previews the rest
-    # are skipped at once instead of waiting
-    t0 = time.monotonic()
-    for n in range(1, QUEUE_PAGES + 3):
-        p.page(sha, n, page)
-    p.page(sha, 1000, RenderedPage(0, 1, 1, b"\0\0\0", 72.0))  # no preview: nothing
-    assert time.monotonic() - t0 < 5
-    assert p.stats.skipped == 2
     p.start()
-    wait_for(lambda: p.stats.written == QUEUE_PAGES, 120, "previews written")
-    p.stop()
-    assert sorted(f.name for f in p.folder(sha).iterdir()) == \
-        [f"p{n:04d}.jpg" for n in range(1, QUEUE_PAGES + 1)]
+    sha = "cd" * 32
+    fd = os.open(pdf, os.O_RDONLY)
+    try:
+        plain = p.make(sha, 1, "page", fd_path(fd), None)
+        turned = p.make("ef" * 32, 1, "page", fd_path(fd), 180)
+        full = p.make("ab" * 32, 1, "full", fd_path(fd), None)
+        missing = p.make("ab" * 32, 2, "page", fd_path(fd), None)  # no page 2
+    finally:
+        os.close(fd)
+        p.stop()
+    assert plain is not None and _top_is_dark(plain)
+    assert turned is not None and not _top_is_dark(turned)  # turned 180°: bar at bottom
+    assert max(Image.open(io.BytesIO(plain)).size) == LONG_SIDE
+    assert full is not None and max(Image.open(io.BytesIO(full)).size) > 3000
+    assert missing is None and p.stats.failed == 1
+    assert (p.folder(sha) / "p0001.jpg").read_bytes() == plain
+    assert (p.folder("ab" * 32) / "p0001-full.jpg").exists()
     assert p.path("../../etc", 1) is None and p.path(sha, 0) is None
+    assert p.path(sha, 1, "huge") is None
+
+
+def test_a_hostile_document_does_not_take_the_caller_down(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pdf"
+    junk.write_bytes(b"%PDF-1.4\n" + os.urandom(4000))
+    good = make_pdf(tmp_path / "good.pdf", [sentence_lines(1)])
+    p = Previews(tmp_path / "previews", days=30, max_bytes=10**9)
+    p.start()
+    try:
+        for path, sha in ((junk, "11" * 32), (good, "22" * 32)):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                result = p.make(sha, 1, "page", fd_path(fd), None)
+            finally:
+                os.close(fd)
+            assert (result is None) == (path == junk)
+    finally:
+        p.stop()
 
 
 def _doc(root: Path, k: int, size: int, age_days: float) -> Path:

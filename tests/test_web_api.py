@@ -63,6 +63,7 @@ def test_openapi_describes_the_api(site) -> None:
     assert {"/api/status", "/api/files", "/api/files/{id}", "/api/files/{id}/retry"} <= \
         set(spec["paths"])
     assert "post" in spec["paths"]["/api/files/{id}/retry"]
+    assert all(path.startswith("/api/") for path in spec["paths"])  # not the pages
 
 
 def test_review_speaks_the_engines_words_rounds_durations_and_names_the_zone(

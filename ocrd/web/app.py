@@ -1,4 +1,5 @@
-"""The console's pages: overview, files, review, failed, login (Starlette + Jinja2).
+"""The console's pages: overview, files, search, review, failed, upload, login
+(Starlette + Jinja2).
 
 Endpoints are plain functions: Starlette runs them in its thread pool, so the SQLite
 reads and file reads never block the console's own loop, and nothing here runs on the
@@ -8,126 +9,172 @@ daemon's.
 from __future__ import annotations
 
 import math
-import os
+import sqlite3
 import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import (
-    HTMLResponse,
-    PlainTextResponse,
-    RedirectResponse,
-    Response,
-    StreamingResponse,
-)
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import __version__
 from ..journal import FILTER_STATES, FileFilter
 from ..names import shown
-from . import api
+from ..search import COUNT_AT_MOST, Query
+from . import actions, api, serve
 from .auth import COOKIE, Guard
 from .context import Context
-from .store import Opened
-from .views import duration, job_facts, page_facts_text, review_pages, size_text, state_of, when
+from .live import Live
+from .pages import int_param, render
+from .views import job_facts, review_pages, state_of
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
+SEARCH_PAGE_SIZE = 20
 CHART_HOURS = 6
 CHART_BUCKET = 600  # seconds per bar
-
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
-                          autoescape=True, trim_blocks=True, lstrip_blocks=True)
-_env.filters.update(when=when, size=size_text, shown=shown, duration=duration)
-_env.globals.update(page_facts_text=page_facts_text)
-
-
-def render(request: Request, name: str, status: int = 200, **context: object) -> Response:
-    ctx: Context = request.app.state.ctx
-    guard: Guard = request.scope["state"]["guard"]
-    body = _env.get_template(name).render(
-        request=request, csrf=guard.csrf, version=__version__, path=request.url.path,
-        auth=ctx.token_required, **context)
-    return HTMLResponse(body, status_code=status)
-
-
-def _filters(request: Request) -> FileFilter:
-    q = request.query_params
-    state = q.get("state") or None
-    return FileFilter(state=state if state in FILTER_STATES else None,
-                      inbox=q.get("inbox") or None, name=q.get("q") or None,
-                      reason=q.get("reason") or None)
-
-
-def _int(value: str | None, default: int, low: int, high: int) -> int:
-    try:
-        return max(low, min(high, int(value or default)))
-    except ValueError:
-        return default
+# what the Files page filters by: the journal's states, and files not yet claimed
+LIST_STATES = ["waiting", *FILTER_STATES]
 
 
 # -- overview -----------------------------------------------------------------------------
 
 def overview(request: Request) -> Response:
-    return render(request, "overview.html", **_live_context(request.app.state.ctx))
+    return render(request, "overview.html", **live_context(request.app.state.ctx))
 
 
 def live_fragment(request: Request) -> Response:
-    return render(request, "_live.html", **_live_context(request.app.state.ctx))
+    return render(request, "_live.html", **live_context(request.app.state.ctx))
 
 
-def _live_context(ctx: Context) -> dict:
+def live_context(ctx: Context) -> dict:
     journal = ctx.store.journal()
     now = time.time()
-    since = (now // CHART_BUCKET - CHART_HOURS * 3600 // CHART_BUCKET + 1) * CHART_BUCKET
-    buckets = journal.pages_per_bucket(since, CHART_BUCKET)
-    bars = [buckets.get(int(since + k * CHART_BUCKET), 0) / CHART_BUCKET
-            for k in range(CHART_HOURS * 3600 // CHART_BUCKET)]
+    first = (now // CHART_BUCKET - CHART_HOURS * 3600 // CHART_BUCKET + 1) * CHART_BUCKET
+    buckets = journal.pages_per_bucket(first, CHART_BUCKET)
+    count = CHART_HOURS * 3600 // CHART_BUCKET
+    # each bar is pages per second over its own span; the last one is still running,
+    # so it is divided by the seconds it has had, not by a whole bar's
+    bars = [buckets.get(int(first + k * CHART_BUCKET), 0) /
+            (CHART_BUCKET if k < count - 1 else max(60.0, now - (first + k * CHART_BUCKET)))
+            for k in range(count)]
     per_inbox = {shown(inbox): {"queued": n.get("claiming", 0) + n.get("claimed", 0),
                                 "converting": n.get("converting", 0) + n.get("finishing", 0)}
                  for inbox, n in journal.open_by_inbox().items()}
+    live = ctx.live()
     return {
-        "live": ctx.live(),
+        "live": live,
         "per_inbox": per_inbox,
         "counts": journal.counts(),
         "recent_done": [job_facts(j) for j in journal.recent("done", 10)],
         "recent_failed": [job_facts(j) for j in journal.recent("failed", 10)],
+        "waiting": waiting_list(live),
         "bars": bars, "bar_max": max(bars + [0.01]), "chart_hours": CHART_HOURS,
+        "bar_minutes": CHART_BUCKET // 60,
     }
+
+
+def waiting_list(live: Live | None) -> list[dict]:
+    """Files seen in the inboxes and not yet claimed, with their inbox."""
+    if live is None:
+        return []
+    return [{"inbox": box.path, **f.__dict__} for box in live.inboxes for f in box.files]
 
 
 # -- files ----------------------------------------------------------------------------------
 
 def files(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
-    where = _filters(request)
-    page = _int(request.query_params.get("page"), 1, 1, 10**7)
-    jobs, total = ctx.store.find(where, PAGE_SIZE, (page - 1) * PAGE_SIZE)
+    q = request.query_params
+    state = q.get("state") or None
+    if state is not None and state not in LIST_STATES:
+        return render(request, "files.html", status=400, jobs=[], total=0, page=1,
+                      pages=1, where=FileFilter(), states=LIST_STATES, waiting=[],
+                      inboxes=_inboxes(ctx), progress={}, link=lambda n: "/files",
+                      error=f"There is no state {state!r}. The states are: "
+                            f"{', '.join(LIST_STATES)}.", hidden={})
+    where = FileFilter(state=state if state in FILTER_STATES else None,
+                       inbox=q.get("inbox") or None, name=q.get("q") or None)
+    page = int_param(q.get("page"), 1, 1, 10**7)
+    live = ctx.live()
+    waiting = [w for w in waiting_list(live)
+               if (not where.inbox or w["inbox"] == where.inbox) and
+               (not where.name or where.name.lower() in w["name"].lower())]
+    if state == "waiting":
+        jobs, total = [], len(waiting)
+    else:
+        jobs, total = ctx.store.find(where, PAGE_SIZE, (page - 1) * PAGE_SIZE)
+        if state is not None or page > 1:
+            waiting = []
     pages = max(1, math.ceil(total / PAGE_SIZE))
-    base = {k: v for k, v in (("state", where.state), ("inbox", where.inbox),
+    base = {k: v for k, v in (("state", state), ("inbox", where.inbox),
                               ("q", where.name)) if v}
+    progress = {f.job_id: f for f in (live.converting_files if live else ())}
     return render(request, "files.html", jobs=[job_facts(j) for j in jobs], total=total,
-                  page=page, pages=pages, where=where, states=list(FILTER_STATES),
-                  inboxes=[shown(str(b.path)) for b in ctx.cfg.inboxes],
-                  link=lambda n: "/files?" + urlencode({**base, "page": n}))
+                  page=page, pages=pages, where=where, state=state, states=LIST_STATES,
+                  inboxes=_inboxes(ctx), waiting=waiting, progress=progress, live=live,
+                  link=lambda n: "/files?" + urlencode({**base, "page": n}), hidden=base)
+
+
+def _inboxes(ctx: Context) -> list[str]:
+    return [shown(str(b.path)) for b in ctx.cfg.inboxes]
 
 
 def failed(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
     reason = request.query_params.get("reason") or None
-    page = _int(request.query_params.get("page"), 1, 1, 10**7)
+    page = int_param(request.query_params.get("page"), 1, 1, 10**7)
     where = FileFilter(state="failed", reason=reason)
     jobs, total = ctx.store.find(where, PAGE_SIZE, (page - 1) * PAGE_SIZE)
-    q = request.query_params
+    base = {"reason": reason} if reason else {}
+    reasons = ctx.store.journal().failures_by_reason()
     return render(request, "failed.html", jobs=[job_facts(j) for j in jobs], total=total,
                   page=page, pages=max(1, math.ceil(total / PAGE_SIZE)), reason=reason,
-                  reasons=ctx.store.journal().failures_by_reason(),
-                  retried=q.get("retried"), put_back=q.get("put_back"),
-                  error=q.get("error"))
+                  reasons=reasons, reason_helps={r: r in actions.RETRY_HELPS for r in reasons},
+                  link=lambda n: "/failed?" + urlencode({**base, "page": n}), hidden=base)
+
+
+def search(request: Request) -> Response:
+    ctx: Context = request.app.state.ctx
+    text = (request.query_params.get("q") or "").strip()
+    page = int_param(request.query_params.get("page"), 1, 1, 10**6)
+    results, total, error = search_results(ctx, text, SEARCH_PAGE_SIZE,
+                                           (page - 1) * SEARCH_PAGE_SIZE)
+    return render(request, "search.html", status=400 if error and text else 200, q=text,
+                  results=results, total=total, page=page, error=error,
+                  pages=max(1, math.ceil(min(total, COUNT_AT_MOST) / SEARCH_PAGE_SIZE)),
+                  count_at_most=COUNT_AT_MOST,
+                  link=lambda n: "/search?" + urlencode({"q": text, "page": n}),
+                  hidden={"q": text})
+
+
+def search_results(ctx: Context, text: str, limit: int, offset: int
+                   ) -> tuple[list[dict], int, str | None]:
+    """(hits with their file's facts, total, a sentence when nothing could be asked)."""
+    if not ctx.cfg.web.search:
+        return [], 0, "Search is turned off (web.search: false)."
+    query = Query.parse(text)
+    if not query.match:
+        return [], 0, "Type one or more words to find." if text else None
+    index = ctx.store.search_index()
+    if index is None:
+        return [], 0, "The search index is being built; try again in a moment."
+    try:
+        hits, total = index.search(query, limit, offset)
+    except sqlite3.DatabaseError:  # damaged: the indexer removes and rebuilds it
+        ctx.store.forget_search_index()
+        return [], 0, "The search index is being rebuilt; try again in a while."
+    jobs = ctx.store.journal().names_of(sorted({h.job_id for h in hits}))
+    out = []
+    for hit in hits:
+        job = jobs.get(hit.job_id)
+        if job is None:
+            continue
+        out.append({"file": job_facts(job), "page": hit.page, "snippet": hit.snippet,
+                    "review": f"/files/{job.id}?{urlencode({'q': text})}#page-{hit.page}"})
+    return out, total, None
 
 
 def review(request: Request) -> Response:
@@ -137,90 +184,71 @@ def review(request: Request) -> Response:
         return render(request, "missing.html", status=404)
     meta = ctx.store.sidecar(job)
     markdown = ctx.store.text(job, ".md")
-    pages = review_pages(markdown, meta, job.id) if markdown is not None else []
-    has_preview = {p.page for p in pages
-                   if (o := ctx.store.preview(meta, p.page)) is not None and _closed(o)}
+    text = (request.query_params.get("q") or "").strip()
+    terms = Query.parse(text).terms if text else ()
+    pages = review_pages(markdown, meta, job.id, terms) if markdown is not None else []
+    has_original = serve.closed(ctx.store.original(job, meta))
+    has_pdf = serve.closed(ctx.store.searchable_pdf(job, meta))
+    previews = ctx.store.previews is not None and meta is not None
+    live = ctx.live()
+    progress = next((f for f in (live.converting_files if live else ())
+                     if f.job_id == job.id), None)
+    box = ctx.store.inbox(job)
     return render(request, "review.html", job=job_facts(job), meta=meta or {},
-                  pages=pages, has_preview=has_preview, state=state_of(job),
-                  has_original=_closed(ctx.store.original(job, meta)))
+                  pages=pages, state=state_of(job), has_original=has_original,
+                  has_pdf=has_pdf, previews=previews and has_original,
+                  cached=serve.cached_pages(ctx, meta) if previews and not has_original
+                  else set(), q=text, live=live, progress=progress,
+                  on_success=box.on_success if box else None)
 
 
-def _closed(opened: Opened | None) -> bool:
-    """True when the file could be opened (and is closed again)."""
-    if opened is None:
-        return False
-    os.close(opened.fd)
-    return True
-
-
-# -- files of a row -----------------------------------------------------------------------
-
-_TYPES = {".md": "text/markdown; charset=utf-8", ".json": "application/json"}
-
-
-def download(request: Request) -> Response:
+def page_view(request: Request) -> Response:
+    """One page's image at full size, with zoom steps (no script needed)."""
     ctx: Context = request.app.state.ctx
     job = ctx.store.job(request.path_params["id"])
-    kind = request.path_params["kind"]
-    if job is None or kind not in ("md", "json", "original"):
-        return PlainTextResponse("not found\n", status_code=404)
-    if kind == "original":
-        opened = ctx.store.original(job, ctx.store.sidecar(job))
-        ctype = "application/octet-stream"
-    else:
-        opened = ctx.store.open_output(job, "." + kind)
-        ctype = _TYPES["." + kind]
-    if opened is None:
-        return PlainTextResponse("not found\n", status_code=404)
-    name = shown(opened.name).encode("ascii", "replace").decode().replace('"', "_")
-    return StreamingResponse(opened.chunks(), media_type=ctype, headers={
-        "content-length": str(opened.size),
-        "content-disposition": f'attachment; filename="{name}"'})
+    if job is None or ctx.store.inbox(job) is None:
+        return render(request, "missing.html", status=404)
+    meta = ctx.store.sidecar(job) or {}
+    page = request.path_params["page"]
+    count = int(meta.get("page_count") or 0)
+    if not 1 <= page <= count:
+        return render(request, "missing.html", status=404)
+    zoom = request.query_params.get("zoom") or "fit"
+    zoom = zoom if zoom in ZOOMS else "fit"
+    info = next((p for p in meta.get("pages", []) if isinstance(p, dict)
+                 and p.get("page") == page), {})
+    return render(request, "page.html", job=job_facts(job), page=page, count=count,
+                  zoom=zoom, zooms=ZOOMS, rotation=info.get("rotation"))
 
 
-def asset(request: Request) -> Response:
+ZOOMS = {"fit": "fit the window", "100": "100 %", "150": "150 %", "200": "200 %",
+         "300": "300 %"}
+
+
+def upload_page(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
-    job = ctx.store.job(request.path_params["id"])
-    opened = ctx.store.asset(job, request.path_params["name"], ctx.store.sidecar(job)) \
-        if job is not None else None
-    if opened is None:
-        return PlainTextResponse("not found\n", status_code=404)
-    return Response(opened.read(), media_type="image/png")
+    return render(request, "upload.html", inboxes=_inboxes(ctx),
+                  limit=ctx.cfg.web.upload_max_bytes)
 
 
-def preview(request: Request) -> Response:
-    ctx: Context = request.app.state.ctx
-    job = ctx.store.job(request.path_params["id"])
-    opened = ctx.store.preview(ctx.store.sidecar(job), request.path_params["page"]) \
-        if job is not None else None
-    if opened is None:
-        return PlainTextResponse("not found\n", status_code=404)
-    return Response(opened.read(), media_type="image/jpeg")
-
-
-# -- actions ----------------------------------------------------------------------------------
-
-async def retry_form(request: Request) -> Response:
-    form = await request.form()
-    guard: Guard = request.scope["state"]["guard"]
-    if not guard.check_csrf(request, str(form.get("csrf") or "")):
-        return PlainTextResponse("missing or wrong CSRF token: reload the page\n",
-                                 status_code=403)
-    ok, text = await api.retry(request.app.state.ctx, request.path_params["id"])
-    query = {"retried": request.path_params["id"], "put_back": text} if ok else \
-        {"error": text}
-    return RedirectResponse("/failed?" + urlencode(query), status_code=303)
+def api_page(request: Request) -> Response:
+    """The API, readable: every endpoint with what it says about itself."""
+    spec = api.schemas.get_schema(routes=request.app.routes)
+    endpoints = [{"path": path, "method": method.upper(), **(doc or {})}
+                 for path, methods in sorted(spec.get("paths", {}).items())
+                 if path.startswith("/api/") for method, doc in methods.items()]
+    return render(request, "api.html", endpoints=endpoints, info=spec.get("info", {}))
 
 
 async def login(request: Request) -> Response:
     guard: Guard = request.scope["state"]["guard"]
     if request.method == "GET":
-        return render(request, "login.html", failed=False)
+        return render(request, "login.html", failed=False, live=None)
     form = await request.form()
     if guard.token is None:
         return RedirectResponse("/", status_code=303)
     if not guard.token_matches(str(form.get("token") or "").strip()):
-        return render(request, "login.html", status=403, failed=True)
+        return render(request, "login.html", status=403, failed=True, live=None)
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(COOKIE, guard.session or "", httponly=True, samesite="strict",
                         secure=request.url.scheme == "https", path="/")
@@ -236,17 +264,25 @@ def create_app(ctx: Context) -> Starlette:
         Route("/", overview),
         Route("/fragments/live", live_fragment),
         Route("/files", files),
+        Route("/search", search),
         Route("/files/{id:int}", review),
-        Route("/files/{id:int}/download/{kind}", download),
-        Route("/files/{id:int}/assets/{name}", asset),
-        Route("/files/{id:int}/pages/{page:int}.jpg", preview),
-        Route("/files/{id:int}/retry", retry_form, methods=["POST"]),
+        Route("/files/{id:int}/pages/{page:int}", page_view),
+        Route("/files/{id:int}/retry", actions.retry_form, methods=["POST"]),
+        Route("/files/{id:int}/dismiss", actions.dismiss_form, methods=["POST"]),
         Route("/failed", failed),
+        Route("/failed/retry", actions.retry_reason_form, methods=["POST"]),
+        Route("/upload", upload_page),
+        Route("/upload", actions.upload_form, methods=["POST"]),
+        Route("/api", api_page),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/healthz", healthz),
+        *serve.routes(),
         *api.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
+    for route in routes:  # the pages are not the API (/api/openapi.json)
+        if isinstance(route, Route) and not route.path.startswith("/api/"):
+            route.include_in_schema = False
     app = Starlette(routes=routes)
     app.state.ctx = ctx
     return Guard(app, ctx.token, ctx.secret, ctx.cfg.web.loopback)  # type: ignore[return-value]

@@ -38,7 +38,7 @@ HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
 ]
-OPEN_PATHS = ("/healthz", "/login")
+OPEN_PATHS = ("/healthz", "/login", "/favicon.ico")
 MIN_TOKEN_CHARS = 16
 
 
@@ -156,7 +156,9 @@ def _with_headers(send: Send, static: bool) -> Send:
     async def wrapped(message: Message) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", []))
-            headers += HEADERS
+            own_policy = any(k.lower() == b"content-security-policy" for k, _ in headers)
+            # a file shown inline brings its own, stricter policy (ocrd/web/serve.py)
+            headers += [h for h in HEADERS if not (own_policy and h[0] == HEADERS[0][0])]
             if not static:
                 headers.append((b"cache-control", b"no-store"))
             message["headers"] = headers

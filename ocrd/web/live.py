@@ -18,6 +18,32 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
+class WaitingFile:
+    """A file seen in an inbox and not claimed yet."""
+
+    name: str  # relative to its inbox, as shown
+    size: int
+    seen: float  # wall time it was first seen, or last changed
+    why: str  # for a person: "still changing", "empty", "truncated" ...
+    reason: str  # a stable code: changing | quiet | checking | empty | truncated | paused ...
+    until: float | None = None  # wall time the wait ends (checked again, or failed)
+    fails_then: bool = False  # at `until` it fails (unless it changes)
+
+
+@dataclass(frozen=True)
+class ConvertingFile:
+    """A file being converted now."""
+
+    job_id: int | None
+    name: str
+    inbox: str
+    pages_done: int
+    pages: int
+    started: float  # wall time
+    eta_seconds: float | None = None  # the rest, at this document's pace so far
+
+
+@dataclass(frozen=True)
 class InboxLive:
     path: str  # as shown (valid UTF-8: ocrd/names.py)
     watch: str  # inotify | polling
@@ -25,6 +51,7 @@ class InboxLive:
     waiting: int  # files seen in the inbox, not yet ready
     paused: bool = False  # no new claims for now (a folder replaced, a destination failing)
     why: str | None = None  # why, in one line for people
+    files: tuple[WaitingFile, ...] = ()  # the waiting files, by name
 
 
 @dataclass(frozen=True)
@@ -39,6 +66,7 @@ class Live:
     queued: int  # claimed files waiting to start
     converting: int  # files being converted
     inboxes: tuple[InboxLive, ...] = ()
+    converting_files: tuple[ConvertingFile, ...] = ()
     version: str = ""
     at: float = field(default_factory=time.time)
 

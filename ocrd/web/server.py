@@ -1,5 +1,6 @@
 """The console inside the daemon: uvicorn on its own asyncio loop in its own thread, so
-that a slow browser never holds up intake, and the page previews' writer beside it.
+that a slow browser never holds up intake; beside it the search indexer's thread, and
+the page previews' worker process when a page is first looked at.
 
 The socket is bound at start, in the daemon's thread: a port already taken is reported
 there (and the daemon runs on without its console), and a missing token stops the start.
@@ -20,6 +21,7 @@ from .. import listen
 from ..config import Config
 from ..previews import Previews
 from ..roots import Roots
+from ..search import Indexer
 from . import connections
 from .app import create_app
 from .auth import load_secret, load_token
@@ -37,9 +39,12 @@ class Console:
         token = load_token(web)  # ConfigError: the daemon must not start without it
         self.previews = Previews(cfg.state_dir / "previews", web.previews_days,
                                  web.previews_max_bytes) if web.previews else None
-        self.ctx = Context(cfg, Store(cfg, self.previews, roots),
-                           live.get if live is not None else lambda: None, token,
-                           load_secret(cfg.state_dir))
+        store = Store(cfg, self.previews, roots)
+        self.ctx = Context(cfg, store, live.get if live is not None else lambda: None,
+                           token, load_secret(cfg.state_dir))
+        self.indexer = Indexer(store.search_path,
+                               lambda after, n: store.journal().done_after(*after, n),
+                               lambda job: store.text(job, ".md")) if web.search else None
         self.address: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -54,6 +59,8 @@ class Console:
         console = cls(cfg, live, roots)
         if console.previews is not None:
             console.previews.start()
+        if console.indexer is not None:
+            console.indexer.start()
         if cfg.web.listen is not None:
             try:
                 console._listen(cfg.web.listen)
@@ -112,3 +119,5 @@ class Console:
             self._sock.close()
         if self.previews is not None:
             self.previews.stop()
+        if self.indexer is not None:
+            self.indexer.stop()

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, InboxConfig
-from ..journal import FileFilter, Job, Journal
-from ..previews import Previews
+from ..journal import OPEN_STATES, FileFilter, Job, Journal
+from ..previews import SIZES, Previews
 from ..roots import Roots
+from ..safefs import fd_path
+from ..search import SearchIndex
 
 _FIGURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
 MAX_TEXT_BYTES = 64 * 1024**2  # a Markdown or sidecar larger than this is not shown
@@ -93,6 +95,7 @@ class Store:
         self.previews = previews
         self.roots = roots  # the daemon's pinned folders (None: opened by their paths)
         self.journal_path = cfg.state_dir / "journal.sqlite3"
+        self.search_path = cfg.state_dir / "search.sqlite3"
         self._local = threading.local()
 
     # -- journal ------------------------------------------------------------------------
@@ -103,6 +106,22 @@ class Store:
         if journal is None:
             journal = self._local.journal = Journal(self.journal_path, readonly=True)
         return journal
+
+    def search_index(self) -> SearchIndex | None:
+        """This thread's read-only connection to the search index (None: not there yet)."""
+        index = getattr(self._local, "search", None)
+        if index is None:
+            if not self.search_path.exists():
+                return None
+            index = self._local.search = SearchIndex(self.search_path, readonly=True)
+        return index
+
+    def forget_search_index(self) -> None:
+        """Close this thread's connection (the file was found damaged or replaced)."""
+        index = getattr(self._local, "search", None)
+        if index is not None:
+            index.close()
+            self._local.search = None
 
     def job(self, job_id: int) -> Job | None:
         return self.journal().get(job_id)
@@ -166,13 +185,25 @@ class Store:
         return open_inside(box.outbox, base.with_name(base.name + ".assets") / name,
                            self.roots)
 
+    def searchable_pdf(self, job: Job, meta: dict | None) -> Opened | None:
+        """The searchable PDF the sidecar lists (outputs: pdf), in the outbox."""
+        found = self._base(job)
+        name = ((meta or {}).get("outputs") or {}).get("pdf")
+        if found is None or not isinstance(name, str) or "/" in name or name in ("", ".."):
+            return None
+        box, base = found
+        return open_inside(box.outbox, base.with_name(name), self.roots)
+
     def original(self, job: Job, meta: dict | None) -> Opened | None:
-        """The original: in failed/ (failed), back in the inbox (keep), or in the
-        archive (the archive's name may have got a -2 suffix: matched by size)."""
+        """The original: in the work area (claimed, converting), in failed/ (failed,
+        dismissed), back in the inbox (keep), or in the archive (the archive's name may
+        have got a -2 suffix: matched by size)."""
         box = self.inbox(job)
         if box is None:
             return None
-        if job.state == "failed" and job.output:
+        if job.state in OPEN_STATES and job.claim_path:
+            return open_inside(box.path, Path(job.claim_path), self.roots)
+        if job.state in ("failed", "dismissed") and job.output:
             return open_inside(box.failed, Path(job.output), self.roots)
         if job.state != "done":
             return None
@@ -192,9 +223,34 @@ class Store:
                 os.close(opened.fd)
         return None
 
-    def preview(self, meta: dict | None, page: int) -> Opened | None:
-        if self.previews is None or meta is None:
+    def preview(self, job: Job, meta: dict | None, page: int, size: str = "page"
+                ) -> bytes | None:
+        """The page's image, upright as read: from the cache, else rendered now from
+        the original (None when there is neither)."""
+        if self.previews is None or meta is None or size not in SIZES:
             return None
         sha = (meta.get("source") or {}).get("sha256")
-        path = self.previews.path(sha, page) if isinstance(sha, str) else None
-        return open_inside(self.previews.root, path) if path is not None else None
+        path = self.previews.path(sha, page, size) if isinstance(sha, str) else None
+        if path is None or page > int(meta.get("page_count") or 0):
+            return None
+        cached = open_inside(self.previews.root, path)
+        if cached is not None:
+            self.previews.stats.served_from_cache += 1
+            return cached.read()
+        original = self.original(job, meta)
+        if original is None:
+            return None
+        try:
+            return self.previews.make(sha, page, size, fd_path(original.fd),
+                                      page_rotation(meta, page))
+        finally:
+            os.close(original.fd)
+
+
+def page_rotation(meta: dict | None, page: int) -> int | None:
+    """The turn (degrees clockwise) that made the page upright for the engine."""
+    for p in (meta or {}).get("pages", []):
+        if isinstance(p, dict) and p.get("page") == page:
+            rotation = p.get("rotation")
+            return rotation if isinstance(rotation, int) and rotation % 360 else None
+    return None

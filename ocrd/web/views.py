@@ -9,16 +9,39 @@ from dataclasses import dataclass
 from ..journal import Job
 from ..names import printable, shown
 from ..records import local_time
+from ..search import highlight_html
 from .render import split_pages, to_html
 
 STATE_WORDS = {
-    "claiming": "waiting", "claimed": "waiting", "converting": "converting",
+    "claiming": "queued", "claimed": "queued", "converting": "converting",
     "finishing": "converting", "failed": "failed", "retried": "retried",
+    "dismissed": "dismissed",
+}
+
+# Failures a second try of the same file can end differently (the engine, the outbox,
+# a crashed worker); for every other reason the same bytes fail the same way, and a
+# retry helps only once the person has changed something (the file, or a limit).
+RETRY_HELPS = frozenset({"engine_failed", "output_failed", "render_failed",
+                         "too_many_attempts", "internal_error", "not_claimed", "error"})
+CAUSE = {
+    "encrypted": "remove the password (e.g. qpdf --decrypt) and drop the new file",
+    "empty": "the file has no bytes: drop a complete copy",
+    "truncated": "the file is cut short: drop a complete copy",
+    "damaged": "the file is damaged: drop a repaired copy",
+    "unsupported_format": "ocrd reads PDFs and images only",
+    "not_a_regular_file": "put the document itself into the inbox, not a link",
+    "too_many_pages": "raise limits.max_pages first",
+    "too_large": "raise limits.max_file_bytes first",
+    "unreadable": "give ocrd permission to read it first",
 }
 
 
+def retry_helps(reason: str | None) -> bool:
+    return reason in RETRY_HELPS
+
+
 def state_of(job: Job) -> str:
-    """waiting, converting, done, degraded, failed or retried."""
+    """queued, converting, done, degraded, failed, retried or dismissed."""
     if job.state == "done":
         return "degraded" if (job.degraded or 0) > 0 else "done"
     return STATE_WORDS.get(job.state, job.state)
@@ -40,6 +63,8 @@ def job_facts(job: Job) -> dict:
         "attempts": job.attempts,
         "reason": job.reason,
         "message": printable(job.message) if job.message else job.message,
+        "retry_helps": retry_helps(job.reason) if job.state == "failed" else None,
+        "cause": CAUSE.get(job.reason or "") if job.state == "failed" else None,
         "output": printable(job.output) if job.output else None,
         "created": job.created,
         "started": job.started,
@@ -92,6 +117,17 @@ def page_facts_text(facts: dict, engine_kind: str | None) -> str:
     return " · ".join(parts)
 
 
+def eta_text(seconds: float | None) -> str:
+    """About how long: "about 40 s", "about 3 min"."""
+    if seconds is None:
+        return ""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s"
+    if seconds < 5400:
+        return f"about {round(seconds / 60)} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
 def size_text(n: int | None) -> str:
     if n is None:
         return ""
@@ -111,9 +147,12 @@ class ReviewPage:
     html: str
     facts: dict  # the sidecar's entry for the page
     figures: list[str]
+    rotation: int | None = None  # degrees clockwise the page was turned to be read
+    hits: int = 0  # search hits marked on the page
 
 
-def review_pages(markdown: str, meta: dict | None, job_id: int) -> list[ReviewPage]:
+def review_pages(markdown: str, meta: dict | None, job_id: int,
+                 terms: tuple[str, ...] = ()) -> list[ReviewPage]:
     """The document's pages, degraded and blank ones first (they need a look), each
     with its Markdown as clean HTML and the sidecar's facts."""
     facts = {p.get("page"): p for p in (meta or {}).get("pages", []) if isinstance(p, dict)}
@@ -131,11 +170,19 @@ def review_pages(markdown: str, meta: dict | None, job_id: int) -> list[ReviewPa
             why = "blank: the engine returned no text for this page"
         if info.get("malformed_output"):
             why = (why + "; " if why else "") + "the model's tags were cut or broken"
+        page_html = to_html(text.markdown, assets, f"/files/{job_id}/assets")
+        if terms:
+            page_html = highlight_html(page_html, terms)
+        rotation = info.get("rotation")
         out.append(ReviewPage(
-            page=text.page, status=status, why=why,
-            html=to_html(text.markdown, assets, f"/files/{job_id}/assets"),
+            page=text.page, status=status, why=why, html=page_html,
             facts={k: v for k, v in info.items() if k not in ("figures",)},
-            figures=list(info.get("figures") or [])))
+            figures=list(info.get("figures") or []),
+            rotation=rotation if isinstance(rotation, int) and rotation % 360 else None,
+            hits=page_html.count("<mark>")))
     rank = {"degraded": 0, "blank": 1}
-    out.sort(key=lambda p: (rank.get(p.status, 2), p.page))
+    if terms:  # pages with hits first, then as usual
+        out.sort(key=lambda p: (p.hits == 0, rank.get(p.status, 2), p.page))
+    else:
+        out.sort(key=lambda p: (rank.get(p.status, 2), p.page))
     return out
