@@ -320,6 +320,20 @@ class SearchIndex:
                                    (job_id,)).fetchone()[0])
 
 
+# The index is optional: it stops growing while the state folder (the journal's) has
+# less than this free.
+MIN_FREE_BYTES = 64 * 1024**2
+
+
+def free_bytes(folder: Path) -> int:
+    """Bytes an unprivileged writer may still use on the folder's filesystem."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
 class Indexer:
     """Fills the index from the journal's done rows and their Markdown, on a thread of
     its own, a batch at a time with pauses between: conversion comes first."""
@@ -354,14 +368,27 @@ class Indexer:
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         index = None
+        said: str | None = None  # the trouble logged last: each kind once, until it ends
         while not self._stop.is_set():
             try:
-                if index is None:
-                    index = SearchIndex.open_or_rebuild(self.path)
-                while not self._stop.is_set() and self.step(index):
-                    self._stop.wait(0.05)  # a pause between batches: conversion first
+                if free_bytes(self.path.parent) < MIN_FREE_BYTES:
+                    # the journal needs the state folder's last space, not the index
+                    if said != "low_space":
+                        log.warning("search_index_paused", why="the state folder has less "
+                                    f"than {MIN_FREE_BYTES // 1024**2} MiB free")
+                        said = "low_space"
+                else:
+                    if index is None:
+                        index = SearchIndex.open_or_rebuild(self.path)
+                    while not self._stop.is_set() and self.step(index):
+                        self._stop.wait(0.05)  # a pause between batches: conversion first
+                    if said is not None:
+                        log.info("search_index_resumed")
+                        said = None
             except Exception as e:  # noqa: BLE001 - search must never stop the daemon
-                log.warning("search_index_failed", error=repr(e))
+                if said != repr(e):
+                    log.warning("search_index_failed", error=repr(e))
+                    said = repr(e)
                 if index is not None:
                     with contextlib.suppress(Exception):
                         index.close()

@@ -144,6 +144,36 @@ def test_the_indexer_steps_past_rows_it_cannot_read(tmp_path: Path) -> None:
     assert indexer.indexed == 3  # nothing twice
 
 
+def test_the_indexer_leaves_a_nearly_full_state_folder_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is optional: with the state folder short of space it writes nothing
+    (the journal needs that space), says so once, and goes on once space is back."""
+    import structlog
+
+    from ocrd import search
+    from ocrd.journal import Job
+
+    rows = [Job(1, "in", "f1.pdf", "", 1, 1, "done", 1, output="f1.md", finished=1.0)]
+    indexer = Indexer(tmp_path / "s.sqlite3", lambda after, n: [r for r in rows
+                                                                if (r.finished, r.id) > after],
+                      lambda j: "<!-- page 1 -->\nalpha", every=0.05)
+    free = [0]
+    monkeypatch.setattr(search, "free_bytes", lambda folder: free[0])
+    with structlog.testing.capture_logs() as logs:
+        indexer.start()
+        try:
+            wait_for(lambda: any(e["event"] == "search_index_paused" for e in logs), 10,
+                     "the pause said")
+            time.sleep(0.3)  # several turns of the loop: still nothing written, said once
+            assert not (tmp_path / "s.sqlite3").exists() and indexer.indexed == 0
+            assert [e["event"] for e in logs].count("search_index_paused") == 1
+            free[0] = 10 * search.MIN_FREE_BYTES
+            wait_for(lambda: indexer.indexed == 1, 10, "indexed once space is back")
+        finally:
+            indexer.stop()
+    assert any(e["event"] == "search_index_resumed" for e in logs)
+
+
 # -- upload -----------------------------------------------------------------------------------
 
 def test_upload_names_are_tamed(tmp_path: Path) -> None:
@@ -340,10 +370,12 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
     clock = [1000.0]
     tracker = Tracker(5, 600, False, clock=lambda: clock[0])
     from ocrd.outbox import Perms
+    from ocrd.roots import Roots
     from ocrd.watch import Ignore
 
     box = cfg.inboxes[0]
-    inbox = Inbox(box, Ignore(box), tracker, "inotify", "x", Perms(0o640, 0o750, None))
+    inbox = Inbox(box, Ignore(box), tracker, "inotify", "x", Perms(0o640, 0o750, None),
+                  Roots())
 
     def entry(name: str, size: int) -> Entry:
         return Entry(tmp_path / "in" / name, name, size, 1, hash(name), True)
