@@ -85,7 +85,8 @@ def test_review_speaks_the_engines_words_rounds_durations_and_names_the_zone(
         code, _, body = site.get(f"/files/{site.ids['done']}")
         html = body.decode()
         assert code == 200
-        assert "64 words" in html and "tokens" not in html and "stop" not in html
+        facts = " | ".join(re.findall(r'<span class="muted page-facts">(.*?)</span>', html))
+        assert "64 words" in facts and "token" not in facts and "stop" not in facts
         assert "2.5 s" in html and "2.4567" not in html
         assert "<dd>2.9 s</dd>" in html and "2.9104" not in html
         assert re.search(r"<dt>claimed</dt><dd>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d CES?T</dd>", html)
