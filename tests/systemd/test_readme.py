@@ -137,8 +137,13 @@ def test_run_local_console_and_its_forms_work(run: Run) -> None:
     r = run.step("quick_start")
     assert r["overview"] == 200
     assert r["failed_message"].startswith("a ZIP/Office document (.docx): save it as PDF")
+    assert r["retry_unconfirmed"]["kind"] == "bad", r["retry_unconfirmed"]
+    assert "confirm that the cause is gone" in r["retry_unconfirmed"]["text"]
     assert r["retry"]["status"] == 303, r["retry"]
-    assert r["retry"]["location"].startswith("/failed?retried="), r["retry"]
+    assert r["retry"]["location"] == "/failed", r["retry"]
+    assert r["retry"]["flash"]["kind"] == "good", r["retry"]
+    assert r["retry"]["flash"]["text"].startswith("Put back into its inbox as "), r["retry"]
+    assert r["retried_row"]
 
 
 def test_run_local_speaks_plainly_and_installs_once(run: Run) -> None:
