@@ -7,13 +7,13 @@ import sys
 
 
 def main() -> int:
-    from .owner import refusal
+    from ocrd.owner import refusal
 
     problem = refusal()
     if problem is not None:
         print(f"ocrd: cannot start: {problem}", file=sys.stderr)
         return 2  # ExitCode.USAGE, without importing more of a package that may be mixed
-    from .cli import main as cli_main
+    from ocrd.cli import main as cli_main
 
     return cli_main()
 

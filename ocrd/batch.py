@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from . import errors, outbox, safefs
-from .config import BUILTIN_IGNORE, Config
-from .errors import OcrdError
+from ocrd import errors, outbox, safefs
+from ocrd.config import BUILTIN_IGNORE, Config
+from ocrd.errors import OcrdError
 
 if TYPE_CHECKING:
-    from .pipeline import Converter
-    from .progress import Progress
+    from ocrd.pipeline import Converter
+    from ocrd.progress import Progress
 
 log = structlog.get_logger("ocrd.convert")
 
@@ -54,7 +54,7 @@ def jobs_for(paths: list[Path], output: Path) -> list[Job]:
     """The files to convert: each file given, and every document in each folder given
     (recursively, skipping what an inbox skips: dotfiles, partial downloads, OS junk —
     and the output folder itself where it lies inside)."""
-    from .watch import Ignore
+    from ocrd.watch import Ignore
 
     ignore = Ignore.rules(BUILTIN_IGNORE, ["*"])
     out = os.path.realpath(output)
@@ -74,7 +74,7 @@ def jobs_for(paths: list[Path], output: Path) -> list[Job]:
 
 
 def _walk(folder: Path, ignore: Any) -> list[str]:
-    from .watch import scan
+    from ocrd.watch import scan
 
     problems: list[str] = []
     entries = [e.relpath for e in scan(folder, True, ignore,
@@ -143,7 +143,7 @@ class Batch:
             os.close(fd)
 
     async def _convert_open(self, job: Job, fd: int, t0: float) -> Outcome:
-        from .pipeline import Source
+        from ocrd.pipeline import Source
 
         src = Source(fd, job.name, prompt_mode=self.args.prompt)
         try:
@@ -195,7 +195,7 @@ def _open(job: Job) -> int:
 
 def _pdf_settings(args: argparse.Namespace, path: Path, out: Any) -> Any:
     """--pdf: NAME.pdf, or NAME.ocr.pdf for a PDF converted into the folder it is in."""
-    from .pdfout import BESIDE_ORIGINAL_SUFFIX, DEFAULT_SUFFIX, PdfSettings, same_folder
+    from ocrd.pdfout import BESIDE_ORIGINAL_SUFFIX, DEFAULT_SUFFIX, PdfSettings, same_folder
 
     beside = path.suffix.lower() == ".pdf" and same_folder(out, str(path))
     return PdfSettings(args.pdf_text_layer,

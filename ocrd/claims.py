@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from . import errors, outbox, safefs
-from . import kept as kept_marks
-from .inboxes import Inbox, remove_empty
-from .journal import Journal
-from .pages import DocInfo
-from .watch import WORK_DIR_NAME, Entry
+from ocrd import errors, outbox, safefs
+from ocrd import kept as kept_marks
+from ocrd.inboxes import Inbox, remove_empty
+from ocrd.journal import Journal
+from ocrd.pages import DocInfo
+from ocrd.watch import WORK_DIR_NAME, Entry
 
 log = structlog.get_logger("ocrd.claims")
 

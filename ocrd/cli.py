@@ -12,15 +12,15 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, configfile, credentials, listen, owner
-from .config import Config, ConfigError, load_config, parse_config
-from .errors import REASONS, ExitCode, exit_code_for
-from .layout import check_folders
-from .names import printable, shown
-from .records import iso, local_time
+from ocrd import __version__, configfile, credentials, listen, owner
+from ocrd.config import Config, ConfigError, load_config, parse_config
+from ocrd.errors import REASONS, ExitCode, exit_code_for
+from ocrd.layout import check_folders
+from ocrd.names import printable, shown
+from ocrd.records import iso, local_time
 
 if TYPE_CHECKING:
-    from .progress import Progress
+    from ocrd.progress import Progress
 
 EPILOG = """\
 run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
@@ -162,7 +162,7 @@ def _main(argv: list[str] | None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import structlog
 
-    from . import log, service
+    from ocrd import log, service
 
     found = configfile.find(args.config)
     cfg = configfile.load(found)
@@ -200,7 +200,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _engine_chosen(cfg: Config) -> str:
     """The engine `run` would start, and why; ConfigError: a key the vLLM layout cannot
     take."""
-    from .engines import choose_kind, with_profile
+    from ocrd.engines import choose_kind, with_profile
 
     kind, why = choose_kind(cfg.engine)
     if kind == "vllm":
@@ -210,7 +210,7 @@ def _engine_chosen(cfg: Config) -> str:
 
 
 def _check_secrets_and_listen(cfg: Config) -> list[str]:
-    from .web.auth import load_token
+    from ocrd.web.auth import load_token
 
     problems = []
     try:
@@ -243,14 +243,14 @@ def _tls_files(cfg: Config) -> None:
     """ConfigError unless the engine's CA bundle and client certificate (when set) load."""
     eng = cfg.engine
     if eng.tls_ca_file is not None or eng.tls_cert_file is not None:
-        from .engines.http import tls_context
+        from ocrd.engines.http import tls_context
 
         tls_context(eng)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .journal import Journal
-    from .status import console_status, daemon_metrics, file_lines
+    from ocrd.journal import Journal
+    from ocrd.status import console_status, daemon_metrics, file_lines
 
     found = configfile.find(args.config)
     cfg = configfile.load(found)
@@ -313,9 +313,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from . import log
-    from .journal import Journal
-    from .retry import RetryError, retry_job, select
+    from ocrd import log
+    from ocrd.journal import Journal
+    from ocrd.retry import RetryError, retry_job, select
 
     if args.reason is not None and args.reason not in REASONS:
         close = difflib.get_close_matches(args.reason, REASONS, n=1)
@@ -381,9 +381,9 @@ def _convert_config(args: argparse.Namespace) -> Config:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from . import log
-    from .batch import jobs_for, summary
-    from .progress import Progress
+    from ocrd import log
+    from ocrd.batch import jobs_for, summary
+    from ocrd.progress import Progress
 
     cfg = _convert_config(args)
     missing = [f for f in args.files if not f.exists()]
@@ -414,11 +414,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
                    progress: Progress) -> list[Any]:
-    from . import errors, pages
-    from .batch import Batch, Outcome
-    from .engines import create_engine
-    from .pipeline import Converter
-    from .schedule import FairSlots
+    from ocrd import errors, pages
+    from ocrd.batch import Batch, Outcome
+    from ocrd.engines import create_engine
+    from ocrd.pipeline import Converter
+    from ocrd.schedule import FairSlots
 
     engine = create_engine(cfg.engine)
     try:

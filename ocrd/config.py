@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from . import listen
-from .engine_config import EngineConfig, _Strict, key_problem
+from ocrd import listen
+from ocrd.engine_config import EngineConfig, _Strict, key_problem
 
 if TYPE_CHECKING:
-    from .configcheck import Checked
+    from ocrd.configcheck import Checked
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
 # scanner temp files. Matched against each path component (fnmatch, case-insensitive).
@@ -382,7 +382,7 @@ def default_state_dir(base: Path) -> Path:
 def parse_config(data: Any, base: Path) -> Config:
     """The configuration in `data` (paths relative to `base`); ConfigError with every
     problem found, one per line, when there is any."""
-    from .configcheck import check
+    from ocrd.configcheck import check
 
     return check(data, base).config_or_raise()
 
@@ -391,7 +391,7 @@ def read_config(path: str | os.PathLike[str], defaults: dict | None = None) -> C
     """Every problem of the config file at `path`, and what of it is usable;
     `defaults` fill keys the file leaves out (for commands that do not need them).
     ConfigError when the file cannot be read as YAML at all."""
-    from .configcheck import check
+    from ocrd.configcheck import check
 
     p = Path(path)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from .config import Config, ConfigError, InboxConfig
+from ocrd.config import Config, ConfigError, InboxConfig
 
 # Each pass leaves out at least one wrong value; a file has far fewer.
 MAX_PASSES = 100
@@ -51,7 +51,7 @@ def key_path(loc: Loc) -> str:
 def check(data: Any, base: Path) -> Checked:
     """Every problem of the configuration `data` (a YAML document's value), paths
     relative to `base`."""
-    from .layout import layout_problems
+    from ocrd.layout import layout_problems
 
     if data is None:
         data = {}

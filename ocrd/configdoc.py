@@ -22,8 +22,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from .config import BUILTIN_IGNORE, Config
-from .configcheck import field_at, is_internal, public_choices, section_model
+from ocrd.config import BUILTIN_IGNORE, Config
+from ocrd.configcheck import field_at, is_internal, public_choices, section_model
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("docs/configuration.md")

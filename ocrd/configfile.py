@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ConfigError, read_config
-from .configcheck import Checked
+from ocrd.config import Config, ConfigError, read_config
+from ocrd.configcheck import Checked
 
 ENV = "OCRD_CONFIG"
 # A module constant, read at each call, so that tests can point it elsewhere.

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .config import ConfigError, EngineConfig
+from ocrd.config import ConfigError, EngineConfig
 
 CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
 

@@ -15,13 +15,13 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import budget, errors, pagepixels, pages
-from .engines.base import PageOutput, PageRequest
+from ocrd import budget, errors, pagepixels, pages
+from ocrd.engines.base import PageOutput, PageRequest
 
 if TYPE_CHECKING:
-    from . import pdfout
-    from .pipeline import Converter, Source, Staging
-    from .render_pool import DocumentWorkers
+    from ocrd import pdfout
+    from ocrd.pipeline import Converter, Source, Staging
+    from ocrd.render_pool import DocumentWorkers
 
 # Failures of the whole file, whichever page meets them first.
 FILE_FAILURES = (errors.Encrypted, errors.TooLarge, errors.TooManyPages)

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import structlog
 
-from . import outbox
-from .conditions import Conditions
-from .config import InboxConfig
-from .readiness import Tracker
-from .roots import MISSING, Roots
-from .safefs import Dir
-from .watch import (
+from ocrd import outbox
+from ocrd.conditions import Conditions
+from ocrd.config import InboxConfig
+from ocrd.readiness import Tracker
+from ocrd.roots import MISSING, Roots
+from ocrd.safefs import Dir
+from ocrd.watch import (
     MAX_DEPTH,
     WORK_DIR_NAME,
     Entry,

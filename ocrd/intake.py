@@ -19,16 +19,16 @@ from typing import Any
 
 import structlog
 
-from . import errors, pages, readiness, safefs
-from .claims import Claims, Item
-from .conditions import Conditions
-from .config import Config
-from .inboxes import Inbox, Inboxes
-from .journal import JournalUnwritable
-from .outcomes import STATE_BACKOFF_SECONDS
-from .readiness import Candidate
-from .resolution import ESTIMATE_DPI
-from .watch import Entry, entry_for
+from ocrd import errors, pages, readiness, safefs
+from ocrd.claims import Claims, Item
+from ocrd.conditions import Conditions
+from ocrd.config import Config
+from ocrd.inboxes import Inbox, Inboxes
+from ocrd.journal import JournalUnwritable
+from ocrd.outcomes import STATE_BACKOFF_SECONDS
+from ocrd.readiness import Candidate
+from ocrd.resolution import ESTIMATE_DPI
+from ocrd.watch import Entry, entry_for
 
 log = structlog.get_logger("ocrd.intake")
 

@@ -16,14 +16,14 @@ from collections.abc import Callable
 
 import structlog
 
-from . import errors, outbox, safefs
-from .claims import Item
-from .config import Config
-from .journal import Journal, JournalUnwritable
-from .outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
-from .pdfout import PdfSettings
-from .pipeline import Converter, Source
-from .roots import RootChanged
+from ocrd import errors, outbox, safefs
+from ocrd.claims import Item
+from ocrd.config import Config
+from ocrd.journal import Journal, JournalUnwritable
+from ocrd.outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
+from ocrd.pdfout import PdfSettings
+from ocrd.pipeline import Converter, Source
+from ocrd.roots import RootChanged
 
 log = structlog.get_logger("ocrd.jobs")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .names import from_db, shown, to_db
+from ocrd.names import from_db, shown, to_db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

@@ -19,9 +19,9 @@ import json
 import time
 from typing import Any
 
-from . import names, outbox, records
-from .safefs import Dir
-from .watch import WORK_DIR_NAME
+from ocrd import names, outbox, records
+from ocrd.safefs import Dir
+from ocrd.watch import WORK_DIR_NAME
 
 KEPT_DIR = "kept"  # .ocrd-work/kept/: ocrd's marks, not a work area
 

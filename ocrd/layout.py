@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .config import Config, InboxConfig
+from ocrd.config import Config, InboxConfig
 
 
 def _real(p: Path) -> Path:

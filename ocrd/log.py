@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from . import names
+from ocrd import names
 
 PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 

@@ -33,8 +33,8 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from . import __version__, listen
-from .config import ConfigError
+from ocrd import __version__, listen
+from ocrd.config import ConfigError
 
 log = structlog.get_logger("ocrd.metrics")
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import names
-from .safefs import Blocked, Dir
+from ocrd import names
+from ocrd.safefs import Blocked, Dir
 
 NAME_MAX = 255
 TMP_PREFIX = ".ocrd-tmp-"

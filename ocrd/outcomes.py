@@ -28,12 +28,12 @@ from typing import Any
 
 import structlog
 
-from . import errors, names, outbox, records, safefs
-from . import kept as kept_marks
-from .claims import Item
-from .inboxes import Inbox, remove_empty
-from .journal import Journal, JournalUnwritable
-from .watch import WORK_DIR_NAME, Entry
+from ocrd import errors, names, outbox, records, safefs
+from ocrd import kept as kept_marks
+from ocrd.claims import Item
+from ocrd.inboxes import Inbox, remove_empty
+from ocrd.journal import Journal, JournalUnwritable
+from ocrd.watch import WORK_DIR_NAME, Entry
 
 log = structlog.get_logger("ocrd.outcomes")
 

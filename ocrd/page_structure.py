@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from . import cjk
-from .markdown import escape_line
+from ocrd import cjk
+from ocrd.markdown import escape_line
 
 Box = tuple[int, int, int, int]  # left, top, right, bottom: pixels of the page image
 # Where the page image has dark pixels within a box: the box around them and how many

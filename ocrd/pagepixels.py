@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from . import modes
+from ocrd import modes
 
 
 @dataclass(frozen=True)

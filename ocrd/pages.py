@@ -17,15 +17,10 @@ from typing import Any, Literal
 
 from PIL import Image, ImageOps
 
-from . import errors, formats, modes, pagepixels, pdffaults, resolution, safefs
-from .pagepixels import (  # noqa: F401 - re-exported: pages.RenderedPage, pages.SHARED_DIR
-    SHARED_DIR,
-    SHARED_PREFIX,
-    RenderedPage,
-    _shared_dir_usable,
-)
-from .render_pool import RenderPool  # noqa: F401 - re-exported: pages.RenderPool
-from .resolution import Resolution
+from ocrd import errors, formats, modes, pagepixels, pdffaults, resolution, safefs
+from ocrd.pagepixels import RenderedPage
+from ocrd.render_pool import RenderPool  # noqa: F401 - re-exported: pages.RenderPool
+from ocrd.resolution import Resolution
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.
 IMAGE_FORMATS = {"PNG", "JPEG", "MPO", "TIFF", "WEBP", "BMP", "GIF", "PPM", "JPEG2000"}

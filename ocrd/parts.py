@@ -8,20 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import outbox, pages
-from .claims import Claims, Item
-from .config import Config
-from .engines.base import Engine
-from .inboxes import Inboxes
-from .intake import Intake
-from .jobs import Jobs
-from .outcomes import Outcomes
-from .pipeline import Converter
-from .schedule import FairSlots, Scheduler
-from .state import StateFolder
+from ocrd import outbox, pages
+from ocrd.claims import Claims, Item
+from ocrd.config import Config
+from ocrd.engines.base import Engine
+from ocrd.inboxes import Inboxes
+from ocrd.intake import Intake
+from ocrd.jobs import Jobs
+from ocrd.outcomes import Outcomes
+from ocrd.pipeline import Converter
+from ocrd.schedule import FairSlots, Scheduler
+from ocrd.state import StateFolder
 
 if TYPE_CHECKING:
-    from .service import Daemon
+    from ocrd.service import Daemon
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from . import errors
+from ocrd import errors
 
 # A rendered page smaller than this on either side is no page: poppler renders pages of
 # a PDF it cannot read as 1×1 pixels, which would otherwise pass as a blank document.

@@ -19,9 +19,9 @@ from typing import Any
 
 import structlog
 
-from . import errors, outbox, safefs, textpdf
-from .engines.base import PageOutput
-from .textlayer import FontMap, PageLayer, page_layer
+from ocrd import errors, outbox, safefs, textpdf
+from ocrd.engines.base import PageOutput
+from ocrd.textlayer import FontMap, PageLayer, page_layer
 
 log = structlog.get_logger("ocrd.pdfout")
 

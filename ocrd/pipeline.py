@@ -23,15 +23,26 @@ from typing import Any
 
 import structlog
 
-from . import __version__, budget, errors, modeltext, names, outbox, pages, pdfout, records, safefs
-from . import resolution as resolutions
-from .config import Config
-from .doc_pages import DocumentPages
-from .engines.base import Engine, PageOutput, PageRequest
-from .markdown import PageMarkdown
-from .notify import Liveness
-from .render_pool import DocumentWorkers
-from .schedule import FairSlots
+from ocrd import (
+    __version__,
+    budget,
+    errors,
+    modeltext,
+    names,
+    outbox,
+    pages,
+    pdfout,
+    records,
+    safefs,
+)
+from ocrd import resolution as resolutions
+from ocrd.config import Config
+from ocrd.doc_pages import DocumentPages
+from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.markdown import PageMarkdown
+from ocrd.notify import Liveness
+from ocrd.render_pool import DocumentWorkers
+from ocrd.schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 from PIL import Image
 
-from . import errors
+from ocrd import errors
 
 log = structlog.get_logger("ocrd.previews")
 
@@ -74,8 +74,8 @@ def encode(image: Image.Image, long_side: int) -> bytes:
 def make_preview(path: str, index: int, size: str, rotation: int | None) -> bytes:
     """Render page `index` (0-based) of the document at `path`, turned upright, as a
     JPEG — in the previews' worker process."""
-    from . import pages
-    from .pagepixels import pixels
+    from ocrd import pages
+    from ocrd.pagepixels import pixels
 
     dpi, long_side = SIZES[size]
     try:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import errors
-from .pages import DocInfo
-from .watch import Entry
+from ocrd import errors
+from ocrd.pages import DocInfo
+from ocrd.watch import Entry
 
 # Waiting between checks of a file that looked incomplete: grows to this.
 MAX_RECHECK_SECONDS = 30.0

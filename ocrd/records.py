@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import __version__, names
+from ocrd import __version__, names
 
 SIDECAR_SCHEMA_VERSION = 1
 ERROR_SCHEMA_VERSION = 1

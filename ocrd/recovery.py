@@ -31,13 +31,13 @@ from pathlib import Path
 
 import structlog
 
-from . import errors, outbox, safefs
-from .claims import Item, claim_parts
-from .inboxes import OWNER_FILE, Inbox, host_id, remove_empty
-from .journal import Job, Journal
-from .kept import KEPT_DIR
-from .outcomes import Outcomes
-from .watch import WORK_DIR_NAME
+from ocrd import errors, outbox, safefs
+from ocrd.claims import Item, claim_parts
+from ocrd.inboxes import OWNER_FILE, Inbox, host_id, remove_empty
+from ocrd.journal import Job, Journal
+from ocrd.kept import KEPT_DIR
+from ocrd.outcomes import Outcomes
+from ocrd.watch import WORK_DIR_NAME
 
 log = structlog.get_logger("ocrd.recovery")
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from . import errors
-from .pagepixels import SHARED_PREFIX, _init_worker, _remove_shared, _shared_dir_usable
+from ocrd import errors
+from ocrd.pagepixels import SHARED_PREFIX, _init_worker, _remove_shared, _shared_dir_usable
 
 
 def _warm() -> int:
@@ -35,7 +35,7 @@ def _warm() -> int:
 
 def _in_document(document: int, fn: Callable[..., Any], *args: Any) -> Any:
     """Worker side: `fn(*args)` for `document`, in a worker cleaned of any other's."""
-    from .pages import begin_document
+    from ocrd.pages import begin_document
 
     begin_document(document)
     return fn(*args)

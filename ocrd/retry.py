@@ -18,11 +18,11 @@ from pathlib import Path
 
 import structlog
 
-from . import outbox, safefs
-from .config import Config, InboxConfig
-from .journal import FileFilter, Job, Journal, JournalUnwritable
-from .names import shown
-from .safefs import Dir
+from ocrd import outbox, safefs
+from ocrd.config import Config, InboxConfig
+from ocrd.journal import FileFilter, Job, Journal, JournalUnwritable
+from ocrd.names import shown
+from ocrd.safefs import Dir
 
 log = structlog.get_logger("ocrd.retry")
 

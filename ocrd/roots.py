@@ -28,7 +28,7 @@ import os
 import threading
 from pathlib import Path
 
-from .safefs import Dir
+from ocrd.safefs import Dir
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

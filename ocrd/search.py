@@ -410,7 +410,7 @@ class Indexer:
             markdown = self.read(job)
             if markdown is None:
                 continue
-            from .web.render import split_pages
+            from ocrd.web.render import split_pages
 
             pages = [(p.page, plain_text(p.markdown)) for p in split_pages(markdown)]
             index.add(job.id, job.inbox, job.output or "", job.finished or 0.0, pages)

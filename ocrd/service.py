@@ -26,20 +26,20 @@ from pathlib import Path
 
 import structlog
 
-from . import __version__, errors, names, pages
-from .config import Config, ConfigError, load_config
-from .engines import create_engine
-from .engines.base import Engine
-from .inboxes import Inbox
-from .layout import layout_problems
-from .metrics import HealthServer, Metrics
-from .notify import Heartbeat, Liveness, Notifier
-from .parts import Parts
-from .recovery import Recovery, prepare_inbox
-from .roots import Roots, configured
-from .state import StateError, StateFolder
-from .waiting import converting_files, waiting_files
-from .web import Console, InboxLive, Live, LiveStatus
+from ocrd import __version__, errors, names, pages
+from ocrd.config import Config, ConfigError, load_config
+from ocrd.engines import create_engine
+from ocrd.engines.base import Engine
+from ocrd.inboxes import Inbox
+from ocrd.layout import layout_problems
+from ocrd.metrics import HealthServer, Metrics
+from ocrd.notify import Heartbeat, Liveness, Notifier
+from ocrd.parts import Parts
+from ocrd.recovery import Recovery, prepare_inbox
+from ocrd.roots import Roots, configured
+from ocrd.state import StateError, StateFolder
+from ocrd.waiting import converting_files, waiting_files
+from ocrd.web import Console, InboxLive, Live, LiveStatus
 
 log = structlog.get_logger("ocrd.service")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import structlog
 
-from . import outbox, safefs
-from .journal import Journal, JournalCorrupt, JournalUnwritable
+from ocrd import outbox, safefs
+from ocrd.journal import Journal, JournalCorrupt, JournalUnwritable
 
 log = structlog.get_logger("ocrd.state")
 

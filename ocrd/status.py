@@ -10,8 +10,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .config import ConfigError, WebConfig
-from .web.auth import load_token
+from ocrd.config import ConfigError, WebConfig
+from ocrd.web.auth import load_token
 
 
 def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Sequence
 from typing import IO, Any
 
-from .textlayer import FONT_NAME, GLYPHLESS_TTF, FontMap, PageLayer
+from ocrd.textlayer import FONT_NAME, GLYPHLESS_TTF, FontMap, PageLayer
 
 # pdf_text_layer: what to do on a page that already has text
 MODES = ("replace", "add", "skip_if_text")
@@ -226,7 +226,7 @@ def write_pdf_layers(source: IO[bytes], out: IO[bytes], layers: Sequence[PageLay
 def text_chars(path: str) -> list[int]:
     """Characters of text each page of the PDF at path already has (PDFium's count,
     whitespace included); run in a render worker (PDFium is not thread-safe)."""
-    from .pages import open_pdfium
+    from ocrd.pages import open_pdfium
 
     doc = open_pdfium(path)
     try:
@@ -272,7 +272,7 @@ def _image_stream(pdf: Any, im: Any, jpeg: bytes | None) -> tuple[Any, int]:
     from pikepdf import Name
     from PIL import ImageOps
 
-    from .pages import to_rgb
+    from ocrd.pages import to_rgb
 
     if jpeg is not None and im.mode in ("L", "RGB"):
         import pikepdf

@@ -8,13 +8,13 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .inboxes import Inbox
-from .names import shown
-from .readiness import Candidate
-from .web.live import ConvertingFile, WaitingFile
+from ocrd.inboxes import Inbox
+from ocrd.names import shown
+from ocrd.readiness import Candidate
+from ocrd.web.live import ConvertingFile, WaitingFile
 
 if TYPE_CHECKING:
-    from .pipeline import DocProgress
+    from ocrd.pipeline import DocProgress
 
 # readiness reasons that end in failed/ once the file stays unchanged long enough
 _FAILS_LATER = {"empty": "empty", "truncated": "truncated (incomplete)"}

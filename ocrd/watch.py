@@ -32,8 +32,8 @@ from watchdog.observers.inotify import InotifyEmitter, InotifyObserver, InotifyW
 from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, InotifyFD, Mask
 from watchdog.observers.inotify_move_event_grouper import PathedInotifyEvent
 
-from .config import BUILTIN_IGNORE, InboxConfig
-from .safefs import Dir
+from ocrd.config import BUILTIN_IGNORE, InboxConfig
+from ocrd.safefs import Dir
 
 log = structlog.get_logger("ocrd.watch")
 

@@ -7,9 +7,9 @@ import os
 
 import structlog
 
-from ..config import EngineConfig
-from ..credentials import with_api_key
-from .base import Engine, PageOutput, PageRequest
+from ocrd.config import EngineConfig
+from ocrd.credentials import with_api_key
+from ocrd.engines.base import Engine, PageOutput, PageRequest
 
 __all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine", "with_profile"]
 
@@ -46,10 +46,10 @@ def with_profile(cfg: EngineConfig) -> EngineConfig:
     ConfigError names a configured key that the chosen layout cannot take."""
     from pydantic import ValidationError
 
-    from ..config import ConfigError
-    from ..configcheck import describe_error
-    from ..engine_config import VllmConfig
-    from . import gpu_profile
+    from ocrd.config import ConfigError
+    from ocrd.configcheck import describe_error
+    from ocrd.engine_config import VllmConfig
+    from ocrd.engines import gpu_profile
 
     try:
         vllm, profile = gpu_profile.resolve(cfg.vllm)
@@ -66,7 +66,7 @@ def create_engine(cfg: EngineConfig) -> Engine:
     cfg = with_api_key(cfg)  # the engines read only `api_key`
     engine = _create(cfg)
     if cfg.testing_faults is not None:
-        from .faults import FaultyEngine
+        from ocrd.engines.faults import FaultyEngine
 
         log.warning("engine_faults_injected", faults=cfg.testing_faults.model_dump())
         engine = FaultyEngine(engine, cfg.testing_faults)
@@ -77,25 +77,25 @@ def _create(cfg: EngineConfig) -> Engine:
     kind, why = choose_kind(cfg)
     log.info("engine_chosen", engine=kind, reason=why, configured=cfg.kind)
     if kind == "tesseract":
-        from .tesseract import TesseractEngine
+        from ocrd.engines.tesseract import TesseractEngine
 
         return TesseractEngine(cfg)
     if kind == "vllm":
         cfg = with_profile(cfg)
         if cfg.vllm.managed:
             # several front ends, servers or GPUs: local `vllm serve` that ocrd supervises
-            from .managed import ManagedServerEngine
+            from ocrd.engines.managed import ManagedServerEngine
 
             return ManagedServerEngine(cfg)
-        from .vllm import VllmEngine
+        from ocrd.engines.vllm import VllmEngine
 
         return VllmEngine(cfg)
     if kind == "remote":
-        from .remote import RemoteEngine
+        from ocrd.engines.remote import RemoteEngine
 
         return RemoteEngine(cfg)
     if kind == "simulated":
-        from .simulated import SimulatedEngine
+        from ocrd.engines.simulated import SimulatedEngine
 
         return SimulatedEngine(cfg)
     raise ValueError(f"unknown engine kind {kind!r}")

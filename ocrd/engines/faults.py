@@ -13,9 +13,9 @@ import asyncio
 import random
 import time
 
-from ..engine_config import TestingFaultsConfig
-from ..errors import EngineDead, EngineUnavailable
-from .base import Engine, PageOutput, PageRequest
+from ocrd.engine_config import TestingFaultsConfig
+from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.errors import EngineDead, EngineUnavailable
 
 
 class FaultyEngine(Engine):

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from ..engine_config import VllmConfig
+from ocrd.engine_config import VllmConfig
 
 log = structlog.get_logger("ocrd.engine")
 

@@ -27,9 +27,9 @@ from typing import Any
 import structlog
 from PIL import Image
 
-from ..config import EngineConfig
-from ..errors import EngineDead
-from .base import Engine, PageOutput, PageRequest
+from ocrd.config import EngineConfig
+from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.errors import EngineDead
 
 log = structlog.get_logger("ocrd.engine.simulated")
 

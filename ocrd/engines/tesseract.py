@@ -20,11 +20,11 @@ from typing import Any
 import structlog
 from PIL import Image
 
-from .. import modes, page_structure
-from ..config import EngineConfig
-from ..errors import EngineDead
-from . import orientation, tesseract_tsv
-from .base import Engine, PageOutput, PageRequest, Word
+from ocrd import modes, page_structure
+from ocrd.config import EngineConfig
+from ocrd.engines import orientation, tesseract_tsv
+from ocrd.engines.base import Engine, PageOutput, PageRequest, Word
+from ocrd.errors import EngineDead
 
 log = structlog.get_logger("ocrd.engine.tesseract")
 

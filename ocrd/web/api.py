@@ -8,12 +8,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
-from .. import __version__
-from ..journal import FILTER_STATES, FileFilter
-from . import actions
-from .auth import Guard
-from .context import Context
-from .views import job_facts
+from ocrd import __version__
+from ocrd.journal import FILTER_STATES, FileFilter
+from ocrd.web import actions
+from ocrd.web.auth import Guard
+from ocrd.web.context import Context
+from ocrd.web.views import job_facts
 
 MAX_LIMIT = 500
 
@@ -36,8 +36,8 @@ def status(request: Request) -> Response:
           are journal states (claimed, converting, done, failed, retried, dismissed).
           `problems` are the console's banners (a missing inbox, the engine down)."
     """
-    from .app import waiting_list
-    from .pages import banners
+    from ocrd.web.app import waiting_list
+    from ocrd.web.pages import banners
 
     ctx: Context = request.app.state.ctx
     guard: Guard = request.scope["state"]["guard"]
@@ -71,7 +71,7 @@ def files(request: Request) -> Response:
       200: {description: "{total, limit, offset, files: [...]} (state=waiting: waiting)"}
       400: {description: an unknown state or a bad number}
     """
-    from .app import LIST_STATES, waiting_list
+    from ocrd.web.app import LIST_STATES, waiting_list
 
     ctx: Context = request.app.state.ctx
     q = request.query_params
@@ -130,7 +130,7 @@ def search(request: Request) -> Response:
         of 1001 means more than 1000"}
       400: {description: no words, or a bad number}
     """
-    from .app import search_results
+    from ocrd.web.app import search_results
 
     q = request.query_params
     window = _window(request, 20)

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..config import Config
-from .live import Live
-from .store import Store
+from ocrd.config import Config
+from ocrd.web.live import Live
+from ocrd.web.store import Store
 
 
 @dataclass

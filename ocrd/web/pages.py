@@ -12,12 +12,12 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from .. import __version__
-from ..names import shown
-from .auth import Guard
-from .context import Context
-from .live import Live
-from .views import duration, eta_text, page_facts_text, size_text, when
+from ocrd import __version__
+from ocrd.names import shown
+from ocrd.web.auth import Guard
+from ocrd.web.context import Context
+from ocrd.web.live import Live
+from ocrd.web.views import duration, eta_text, page_facts_text, size_text, when
 
 HERE = Path(__file__).parent
 FLASH = "ocrd_flash"

@@ -19,7 +19,7 @@ import nh3
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from ..modeltext import ATTRIBUTES, RAW_TAGS, TAGS, URL_SCHEMES
+from ocrd.modeltext import ATTRIBUTES, RAW_TAGS, TAGS, URL_SCHEMES
 
 _PAGE_MARK = re.compile(r"^<!-- page (\d+)(?: \(([^()\n]*)\))? -->[ \t]*$", re.MULTILINE)
 _ALLOWED_RAW = re.compile(rf"</?(?:{'|'.join(sorted(RAW_TAGS))})\b[^<>]*>", re.IGNORECASE)

@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..names import shown
-from .context import Context
-from .pages import HERE
-from .store import Opened, open_inside
+from ocrd.names import shown
+from ocrd.web.context import Context
+from ocrd.web.pages import HERE
+from ocrd.web.store import Opened, open_inside
 
 _TYPES = {".md": "text/markdown; charset=utf-8", ".json": "application/json"}
 # what a browser shows by itself, by the file's first bytes

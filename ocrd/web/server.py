@@ -17,17 +17,17 @@ import threading
 import structlog
 import uvicorn
 
-from .. import listen
-from ..config import Config
-from ..previews import Previews
-from ..roots import Roots
-from ..search import Indexer
-from . import connections
-from .app import create_app
-from .auth import load_secret, load_token
-from .context import Context
-from .live import LiveStatus
-from .store import Store
+from ocrd import listen
+from ocrd.config import Config
+from ocrd.previews import Previews
+from ocrd.roots import Roots
+from ocrd.search import Indexer
+from ocrd.web import connections
+from ocrd.web.app import create_app
+from ocrd.web.auth import load_secret, load_token
+from ocrd.web.context import Context
+from ocrd.web.live import LiveStatus
+from ocrd.web.store import Store
 
 log = structlog.get_logger("ocrd.web")
 

@@ -16,10 +16,10 @@ import re
 import secrets
 from typing import BinaryIO
 
-from ..config import InboxConfig
-from ..outbox import split_ext
-from ..safefs import Dir
-from ..watch import Ignore
+from ocrd.config import InboxConfig
+from ocrd.outbox import split_ext
+from ocrd.safefs import Dir
+from ocrd.watch import Ignore
 
 CHUNK = 1 << 20
 MAX_NAME_BYTES = 200

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..journal import Job
-from ..names import printable, shown
-from ..records import local_time
-from ..search import highlight_html
-from .render import split_pages, to_html
+from ocrd.journal import Job
+from ocrd.names import printable, shown
+from ocrd.records import local_time
+from ocrd.search import highlight_html
+from ocrd.web.render import split_pages, to_html
 
 STATE_WORDS = {
     "claiming": "queued", "claimed": "queued", "converting": "converting",
