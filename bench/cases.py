@@ -107,7 +107,7 @@ def saturation_docs(quick: bool) -> list[Doc]:
 
 def design_images(dpi: int = DPI) -> list[Any]:
     """Every page design rendered exactly as the daemon renders it."""
-    from ocrd import pages
+    from ocrd.render import pages
 
     root = fresh("designs")
     path = write_pdf(root / "designs.pdf", PAGE_DESIGNS)
@@ -120,7 +120,7 @@ def design_images(dpi: int = DPI) -> list[Any]:
 
 async def _drive(engine_cfg: dict, requests: list[Any], concurrency: int) -> dict:
     """The engine on its own: every page submitted, at most `concurrency` at once."""
-    from ocrd.config import EngineConfig
+    from ocrd.config.settings import EngineConfig
     from ocrd.engines import create_engine
 
     engine = create_engine(EngineConfig.model_validate(engine_cfg))
@@ -146,7 +146,7 @@ async def _fixed_batches(engine_cfg: dict, docs: list[Doc], batch: int = 4) -> d
     time and wait for the whole batch before the next."""
     import pypdfium2 as pdfium
 
-    from ocrd.config import EngineConfig
+    from ocrd.config.settings import EngineConfig
     from ocrd.engines import create_engine
     from ocrd.engines.base import PageRequest
 
@@ -196,7 +196,7 @@ def engine_saturation(engine_cfg: dict, quick: bool, label: str = "simulated",
     best concurrency, and daemon ÷ a fixed-batch loop. Takes any engine config (a dict
     as under `engine:` in config.yaml), so a real engine can be measured the same way:
     e.g. `engine_saturation({"kind": "vllm", "model": ...}, quick)`."""
-    from ocrd.config import EngineConfig
+    from ocrd.config.settings import EngineConfig
     from ocrd.engines import create_engine
     from ocrd.engines.base import PageRequest
 
@@ -245,7 +245,7 @@ def engine_saturation(engine_cfg: dict, quick: bool, label: str = "simulated",
 
 
 async def _render_ocrd(path: Path, pages_n: int, workers: int) -> dict:
-    from ocrd import pages
+    from ocrd.render import pages
 
     pool = pages.RenderPool(workers)
     await pool.start()  # the fork server is the daemon's, once: not per page

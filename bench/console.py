@@ -37,7 +37,7 @@ QUERIES = [
 def _fill_journal(path: Path, inboxes: list[str], rows: int) -> None:
     """rows jobs as a long-running daemon leaves them: mostly done, some degraded,
     failed, retried, a few waiting; written straight into the journal's own schema."""
-    from ocrd.journal import Journal
+    from ocrd.work.journal import Journal
 
     Journal(path).close()  # schema, indexes, added columns
     rnd = random.Random(18)
@@ -87,7 +87,7 @@ def console_queries(quick: bool) -> list[Result]:
     """p95 latency of each list, page and API call over 100,000 journal rows, through the
     real server (uvicorn on its thread; the client in the same process, sharing its
     GIL, so a little pessimistic)."""
-    from ocrd.config import parse_config
+    from ocrd.config.settings import parse_config
     from ocrd.web import Console
 
     root = fresh("console-queries")

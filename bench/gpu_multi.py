@@ -83,7 +83,7 @@ CARD_24G_MIB = 24_564
 def auto_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """A row's engine config with only the bench's own settings: the layout is the
     profile's (auto), or what it picks for a 24 GB card given explicitly (auto_24g)."""
-    from ocrd.engines import gpu_profile
+    from ocrd.engines.vllm import profile as gpu_profile
 
     e = common.engine_settings(args.tiny, args.model, None, args.engine_arg)
     v = e["vllm"]

@@ -114,7 +114,7 @@ class Offline:
         import vllm
         from vllm import LLM
 
-        from ocrd.engines.vllm_args import HeadDimGuard
+        from ocrd.engines.vllm.args import HeadDimGuard
         from ocrd.vllm_model import plugin
 
         result["vllm"] = vllm.__version__

@@ -99,8 +99,8 @@ async def _timed(coros: list[Any]) -> Measure:
 async def _round(engine_cls: type, url: str, reqs: list[tuple[Any, str]]) -> Measure:
     """Pages through the engine's `_attempt` (request body, balancing across slots, the
     HTTP exchange, the answer parsed): `ocr()` but for the PNG encoding."""
-    from ocrd.config import EngineConfig
-    from ocrd.engines._loops import attempt_settings
+    from ocrd.config.settings import EngineConfig
+    from ocrd.engines.repetition import attempt_settings
 
     cfg = EngineConfig.model_validate({"kind": "remote", "model": MODEL, "urls": [url],
                                        "concurrency_per_url": CONCURRENCY,

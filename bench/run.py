@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown benchmark(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
     OUT.mkdir(parents=True, exist_ok=True)
-    from ocrd import log
+    from ocrd.service import log
 
     log.setup("warning", "console")  # engines driven in this process: no info chatter
     t0 = time.time()

@@ -59,8 +59,8 @@ def _page_text(rnd: random.Random, vocab: list[str], weights: list[float], k: in
 
 def build_index(state_dir: Any, inbox: str, pages: int) -> dict:
     """A journal with a done row per document and a search index of `pages` pages."""
-    from ocrd.journal import Journal
-    from ocrd.search import SearchIndex
+    from ocrd.web.search import SearchIndex
+    from ocrd.work.journal import Journal
 
     rnd = random.Random(34)
     vocab = _vocabulary(20_000, rnd)
@@ -99,7 +99,7 @@ def build_index(state_dir: Any, inbox: str, pages: int) -> dict:
 def search_queries(quick: bool) -> list[Result]:
     """p95 of each kind of query over a 100,000-page index, through the real server (the
     page and the API), the client in the same process."""
-    from ocrd.config import parse_config
+    from ocrd.config.settings import parse_config
     from ocrd.web import Console
 
     root = fresh("search-queries")

@@ -32,7 +32,7 @@ def build_app(sim: dict):
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from ocrd.config import EngineConfig
+    from ocrd.config.settings import EngineConfig
     from ocrd.engines.base import PageRequest
     from ocrd.engines.simulated import SimulatedEngine
 

@@ -53,9 +53,10 @@ from structure_pages import (  # noqa: E402
 
 from bench.cases import Result  # noqa: E402
 from bench.corpus import recall as corpus_recall  # noqa: E402
-from ocrd import modes, page_structure  # noqa: E402
 from ocrd.engines import tesseract_tsv  # noqa: E402
 from ocrd.engines.tesseract import pnm  # noqa: E402
+from ocrd.outputs import structure as page_structure  # noqa: E402
+from ocrd.render import modes  # noqa: E402
 
 # main before the structure: tesseract's TSV parsed into plain text and words
 OLD_COMMIT = "0277faf"

@@ -133,11 +133,13 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
     """One PNG page through the pipeline; the loop's worst block meanwhile."""
     from PIL import Image
 
-    from ocrd import outbox, pages, safefs
-    from ocrd.config import Config
+    from ocrd import safefs
+    from ocrd.config.settings import Config
     from ocrd.engines import create_engine
-    from ocrd.pipeline import Converter, Source
-    from ocrd.schedule import FairSlots
+    from ocrd.outputs import destinations
+    from ocrd.pipeline.document import Converter, Source
+    from ocrd.render import pages
+    from ocrd.work.schedule import FairSlots
 
     image = folder / "page.png"
     Image.new("RGB", (300, 400), "white").save(image)
@@ -160,7 +162,7 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
             try:
                 async with asyncio.timeout(WATCH_SECONDS):
                     written = await converter.convert(Source(fd, "page.png"), out,
-                                                      outbox.Perms())
+                                                      destinations.Perms())
                 outcome += f" ({(out.path / written.markdown).stat().st_size} bytes of .md)"
             except TimeoutError:
                 outcome = "waiting (the answer is refused: the server's error)"
@@ -200,7 +202,7 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
 
 
 def worst_text(quick: bool, names: list[str] | None = None) -> list[Result]:
-    from ocrd import log
+    from ocrd.service import log
 
     log.setup("error", "console")  # the 60 MB case logs every refused try otherwise
     results = []

@@ -7,7 +7,7 @@ import sys
 
 
 def main() -> int:
-    from ocrd.owner import refusal
+    from ocrd.service.owner import refusal
 
     problem = refusal()
     if problem is not None:

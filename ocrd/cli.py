@@ -12,15 +12,17 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocrd import __version__, configfile, credentials, listen, owner
-from ocrd.config import Config, ConfigError, load_config, parse_config
+from ocrd import __version__
+from ocrd.config import listen, secrets, source
+from ocrd.config.folders import check_folders
+from ocrd.config.settings import Config, ConfigError, load_config, parse_config
 from ocrd.errors import REASONS, ExitCode, exit_code_for
-from ocrd.layout import check_folders
 from ocrd.names import printable, shown
-from ocrd.records import iso, local_time
+from ocrd.outputs.records import iso, local_time
+from ocrd.service import owner
 
 if TYPE_CHECKING:
-    from ocrd.progress import Progress
+    from ocrd.pipeline.progress import Progress
 
 EPILOG = """\
 run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
@@ -162,11 +164,12 @@ def _main(argv: list[str] | None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import structlog
 
-    from ocrd import log, service
+    from ocrd.service import daemon as service
+    from ocrd.service import log
 
-    found = configfile.find(args.config)
-    cfg = configfile.load(found)
-    credentials.api_key(cfg.engine)  # a missing key file stops the start, not a page
+    found = source.find(args.config)
+    cfg = source.load(found)
+    secrets.api_key(cfg.engine)  # a missing key file stops the start, not a page
     _tls_files(cfg)
     log.setup(cfg.log.level, cfg.log.format)
     structlog.get_logger("ocrd.cli").info("config_read", path=str(found.path),
@@ -175,8 +178,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    found = configfile.find(args.config)
-    checked = configfile.read(found)
+    found = source.find(args.config)
+    checked = source.read(found)
     problems = list(checked.problems)
     if checked.listed == 0:
         problems.append("inboxes: no inbox is configured; the daemon would have nothing to do")
@@ -189,7 +192,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         except ConfigError as e:
             problems += e.problems
     problems = list(dict.fromkeys(problems))
-    for problem in configfile.noted(ConfigError(*problems), found).problems:
+    for problem in source.noted(ConfigError(*problems), found).problems:
         print(f"ocrd: {printable(problem)}", file=sys.stderr)
     if problems or cfg is None:
         return ExitCode.USAGE
@@ -218,13 +221,13 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
     except ConfigError as e:
         problems += e.problems
     name = cfg.engine.api_key_credential
-    if name is not None and credentials.credential_path(name) is None:
+    if name is not None and secrets.credential_path(name) is None:
         print(printable(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
                         "$CREDENTIALS_DIRECTORY, which only the service has; not checked "
                         "here"))
     else:
         try:
-            credentials.api_key(cfg.engine)
+            secrets.api_key(cfg.engine)
         except ConfigError as e:
             problems += e.problems
     try:
@@ -249,11 +252,11 @@ def _tls_files(cfg: Config) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ocrd.journal import Journal
-    from ocrd.status import console_status, daemon_metrics, file_lines
+    from ocrd.service.status import console_status, daemon_metrics, file_lines
+    from ocrd.work.journal import Journal
 
-    found = configfile.find(args.config)
-    cfg = configfile.load(found)
+    found = source.find(args.config)
+    cfg = source.load(found)
     if not args.json:
         print(printable(f"config: {found}"))
     path = cfg.state_dir / "journal.sqlite3"
@@ -313,9 +316,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from ocrd import log
-    from ocrd.journal import Journal
-    from ocrd.retry import RetryError, retry_job, select
+    from ocrd.service import log
+    from ocrd.work.journal import Journal
+    from ocrd.work.retry import RetryError, retry_job, select
 
     if args.reason is not None and args.reason not in REASONS:
         close = difflib.get_close_matches(args.reason, REASONS, n=1)
@@ -323,7 +326,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
         print(f"ocrd: no file fails for the reason {args.reason!r}{hint}; the reasons are: "
               f"{', '.join(REASONS)}", file=sys.stderr)
         return ExitCode.USAGE
-    cfg = configfile.load(configfile.find(args.config))
+    cfg = source.load(source.find(args.config))
     log.setup("warning", cfg.log.format)  # one line per file below says what happened
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
@@ -381,9 +384,9 @@ def _convert_config(args: argparse.Namespace) -> Config:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from ocrd import log
-    from ocrd.batch import jobs_for, summary
-    from ocrd.progress import Progress
+    from ocrd.pipeline.batch import jobs_for, summary
+    from ocrd.pipeline.progress import Progress
+    from ocrd.service import log
 
     cfg = _convert_config(args)
     missing = [f for f in args.files if not f.exists()]
@@ -414,11 +417,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
                    progress: Progress) -> list[Any]:
-    from ocrd import errors, pages
-    from ocrd.batch import Batch, Outcome
+    from ocrd import errors
     from ocrd.engines import create_engine
-    from ocrd.pipeline import Converter
-    from ocrd.schedule import FairSlots
+    from ocrd.pipeline.batch import Batch, Outcome
+    from ocrd.pipeline.document import Converter
+    from ocrd.render import pages
+    from ocrd.work.schedule import FairSlots
 
     engine = create_engine(cfg.engine)
     try:

@@ -28,7 +28,7 @@ class OcrdError(Exception):
     reason = "error"
     exit_code = ExitCode.BAD_INPUT
     # the file may still be being written (its end missing): readiness judges it only
-    # once it has stopped changing (ocrd/readiness.py)
+    # once it has stopped changing (ocrd/intake/readiness.py)
     cut_short = False
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:

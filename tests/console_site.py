@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ocrd import names
-from ocrd.config import Config, parse_config
-from ocrd.journal import Journal
+from ocrd.config.settings import Config, parse_config
 from ocrd.web import Console
+from ocrd.work.journal import Journal
 
 SHA = "ab" * 32
 

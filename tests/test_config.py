@@ -11,9 +11,9 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from ocrd import configdoc
-from ocrd.config import Config, ConfigError, load_config, parse_config
-from ocrd.configcheck import is_internal, section_model
+from ocrd.config import reference as configdoc
+from ocrd.config.check import is_internal, section_model
+from ocrd.config.settings import Config, ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,11 +33,11 @@ def _documented_keys(model: type[BaseModel], prefix: str = "") -> dict[str, Fiel
 
 def test_generated_config_files_are_what_the_model_says() -> None:
     """docs/configuration.md and config.example.yaml are generated from the models'
-    descriptions (ocrd/configdoc.py): an edit to either side alone fails here."""
+    descriptions (ocrd/config/reference.py): an edit to either side alone fails here."""
     for rel, text in configdoc.generated().items():
         assert (ROOT / rel).read_text(encoding="utf-8") == text, \
             f"{rel} differs from what the configuration's models say: run " \
-            "`python -m ocrd.configdoc` and commit the result"
+            "`python -m ocrd.config.reference` and commit the result"
 
 
 def test_every_key_has_its_text_in_the_reference_and_test_hooks_are_left_out() -> None:
@@ -205,7 +205,7 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
 def _layout(tmp_path: Path, state: Path, *boxes: dict) -> list[str]:
     """The problems of a configuration with these folders (each key and value is right
     on its own: only the layout's checks can find anything)."""
-    from ocrd.configcheck import check
+    from ocrd.config.check import check
 
     return check({"state_dir": str(state), "inboxes": list(boxes)}, tmp_path).problems
 

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from helpers import free_port, make_pdf, sentence_lines, wait_for
 
-from ocrd import cli, configfile
-from ocrd.config import ConfigError, EngineConfig, parse_config
+from ocrd import cli
+from ocrd.config import source
+from ocrd.config.settings import ConfigError, EngineConfig, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,7 @@ def write_config(root: Path, **top: object) -> Path:
 def default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """/etc/ocrd/config.yaml, as far as ocrd can tell, and no $OCRD_CONFIG."""
     path = tmp_path / "etc" / "ocrd" / "config.yaml"
-    monkeypatch.setattr(configfile, "DEFAULT", path)
+    monkeypatch.setattr(source, "DEFAULT", path)
     monkeypatch.delenv("OCRD_CONFIG", raising=False)
     return path
 
@@ -105,7 +106,7 @@ def test_run_without_c_reads_ocrd_config_or_the_default(tmp_path: Path, where: s
         args, env["OCRD_CONFIG"] = ["-m", "ocrd", "run"], str(cfg)
     else:
         # the default path, pointed at the test's file the way the tests above do it
-        args = ["-c", "import sys; from pathlib import Path; import ocrd.configfile as c; "
+        args = ["-c", "import sys; from pathlib import Path; import ocrd.config.source as c; "
                 "c.DEFAULT = Path(sys.argv[1]); from ocrd.cli import main; "
                 "sys.exit(main(['run']))", str(cfg)]
     log = tmp_path / "daemon.log"
@@ -123,30 +124,30 @@ def test_run_without_c_reads_ocrd_config_or_the_default(tmp_path: Path, where: s
 
 
 def test_api_key_file_and_credential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ocrd import credentials
+    from ocrd.config import secrets
 
     (tmp_path / "key").write_text("s3cret-from-file\n")
     cfg = parse_config({"state_dir": "s", "engine": {"kind": "remote", "urls": ["http://x/v1"],
                                                     "api_key_file": "key"}}, tmp_path)
     assert cfg.engine.api_key_file == tmp_path / "key"  # relative to the config's folder
-    assert credentials.api_key(cfg.engine) == "s3cret-from-file"
+    assert secrets.api_key(cfg.engine) == "s3cret-from-file"
 
     engine = EngineConfig(kind="remote", urls=["http://x/v1"], api_key_credential="api-key")
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     with pytest.raises(ConfigError, match=r"engine.api_key_credential = 'api-key': "
                        r"\$CREDENTIALS_DIRECTORY is not set; systemd sets it for a unit "
                        r"with LoadCredential=api-key:/path/to/the/key"):
-        credentials.api_key(engine)
+        secrets.api_key(engine)
     creds = tmp_path / "creds"
     creds.mkdir()
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
     with pytest.raises(ConfigError, match="does not exist"):
-        credentials.api_key(engine)
+        secrets.api_key(engine)
     (creds / "api-key").write_text("s3cret-from-systemd")
-    assert credentials.api_key(engine) == "s3cret-from-systemd"
+    assert secrets.api_key(engine) == "s3cret-from-systemd"
     (creds / "api-key").write_text("\n")
     with pytest.raises(ConfigError, match="is empty"):
-        credentials.api_key(engine)
+        secrets.api_key(engine)
 
     with pytest.raises(ConfigError, match="api_key and api_key_file are both set"):
         parse_config({"state_dir": "s", "engine": {"api_key": "a", "api_key_file": "k"}},

@@ -19,13 +19,13 @@ import pytest
 from console_site import build
 from helpers import wait_for
 
-from ocrd.config import parse_config
-from ocrd.readiness import Tracker
-from ocrd.search import Indexer, Query, SearchIndex, plain_text, snippet
-from ocrd.waiting import waiting_files
-from ocrd.watch import Entry
+from ocrd.config.settings import parse_config
+from ocrd.intake.readiness import Tracker
+from ocrd.intake.waiting import waiting_files
+from ocrd.intake.watch import Entry
 from ocrd.web.live import InboxLive, Live
 from ocrd.web.pages import banners
+from ocrd.web.search import Indexer, Query, SearchIndex, plain_text, snippet
 from ocrd.web.upload import UploadError, save, upload_name
 
 
@@ -122,7 +122,7 @@ def test_the_indexer_fills_the_index_and_the_console_answers(site) -> None:
 
 def test_the_indexer_steps_past_rows_it_cannot_read(tmp_path: Path) -> None:
     """A done row whose Markdown is gone is skipped; the rest are indexed once."""
-    from ocrd.journal import Job
+    from ocrd.work.journal import Job
 
     def job(i: int, finished: float) -> Job:
         return Job(i, "in", f"f{i}.pdf", "", 1, 1, "done", 1, output=f"f{i}.md",
@@ -150,8 +150,8 @@ def test_the_indexer_leaves_a_nearly_full_state_folder_alone(
     (the journal needs that space), says so once, and goes on once space is back."""
     import structlog
 
-    from ocrd import search
-    from ocrd.journal import Job
+    from ocrd.web import search
+    from ocrd.work.journal import Job
 
     rows = [Job(1, "in", "f1.pdf", "", 1, 1, "done", 1, output="f1.md", finished=1.0)]
     indexer = Indexer(tmp_path / "s.sqlite3", lambda after, n: [r for r in rows
@@ -278,7 +278,7 @@ def test_retry_only_where_it_helps_or_the_cause_is_gone(site) -> None:
 
 
 def test_retry_all_of_a_reason_and_dismiss(tmp_path: Path) -> None:
-    from ocrd.journal import Journal
+    from ocrd.work.journal import Journal
 
     site = build(tmp_path)
     try:
@@ -360,7 +360,7 @@ def test_banners_say_what_is_wrong(site) -> None:
 
 
 def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
-    from ocrd.inboxes import Inbox
+    from ocrd.intake.inboxes import Inbox
 
     cfg = parse_config({"state_dir": str(tmp_path / "s"), "inboxes": [{
         "path": str(tmp_path / "in"), "outbox": str(tmp_path / "out"),
@@ -369,9 +369,9 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
         tmp_path)
     clock = [1000.0]
     tracker = Tracker(5, 600, False, clock=lambda: clock[0])
-    from ocrd.outbox import Perms
-    from ocrd.roots import Roots
-    from ocrd.watch import Ignore
+    from ocrd.config.roots import Roots
+    from ocrd.intake.watch import Ignore
+    from ocrd.outputs.destinations import Perms
 
     box = cfg.inboxes[0]
     inbox = Inbox(box, Ignore(box), tracker, "inotify", "x", Perms(0o640, 0o750, None),
@@ -434,8 +434,8 @@ def test_the_chart_caption_agrees_with_the_running_bar(tmp_path: Path) -> None:
     rate shown above it)."""
     import re
 
-    from ocrd.journal import Journal
     from ocrd.web.app import CHART_BUCKET
+    from ocrd.work.journal import Journal
 
     site = build(tmp_path, start=False)
     journal = Journal(site.cfg.state_dir / "journal.sqlite3")
@@ -470,7 +470,7 @@ def test_ocrd_status_names_the_queued_files(tmp_path: Path) -> None:
 
     import yaml
 
-    from ocrd.journal import Journal
+    from ocrd.work.journal import Journal
 
     inbox = tmp_path / "in"
     inbox.mkdir()

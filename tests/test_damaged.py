@@ -15,7 +15,8 @@ import pytest
 from helpers import Daemon, make_pdf, sentence_lines, wait_for
 
 from bench.memory import pdf_bytes
-from ocrd import errors, pages, pdffaults
+from ocrd import errors
+from ocrd.render import pages, pdffaults
 
 # OCRmyPDF's tests/resources/invalid.pdf: a header, a sentence, the end marker
 INVALID = b"%PDF-1.3\nThis is not a valid PDF file\n%%EOF\n"

@@ -14,8 +14,8 @@ from typing import Any
 
 from PIL import Image
 
-from ocrd import engine_config
-from ocrd.engine_config import EngineConfig
+from ocrd.config import engine as engine_config
+from ocrd.config.engine import EngineConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import PageRequest
 from ocrd.engines.faults import FaultyEngine

@@ -12,7 +12,7 @@ import pytest
 from daemon_process import ocrd_command, ocrd_env
 from helpers import make_pdf, sentence_lines
 
-from ocrd import formats
+from ocrd.render import formats
 
 
 def office_open_xml(path: Path, part: str) -> Path:

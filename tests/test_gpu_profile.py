@@ -13,9 +13,10 @@ import pytest
 import structlog
 import yaml
 
-from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines import gpu_profile, with_profile
-from ocrd.engines.gpu_profile import Gpu, choose
+from ocrd.config.settings import ConfigError, EngineConfig
+from ocrd.engines import with_profile
+from ocrd.engines.vllm import profile as gpu_profile
+from ocrd.engines.vllm.profile import Gpu, choose
 
 H200 = Gpu(0, "NVIDIA H200", 143_771, (9, 0), "GPU-aaaa")
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 81_559, (9, 0), "GPU-bbbb")

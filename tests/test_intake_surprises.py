@@ -13,14 +13,15 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from test_records import ERROR, valid
 
-from ocrd import pages, readiness
-from ocrd.claims import Claims
-from ocrd.config import parse_config
-from ocrd.inboxes import Inboxes
-from ocrd.intake import MAX_CHECK_FAILURES, Intake
-from ocrd.journal import Journal
-from ocrd.metrics import Metrics
-from ocrd.outcomes import Outcomes
+from ocrd.config.settings import parse_config
+from ocrd.intake import readiness
+from ocrd.intake.claims import Claims
+from ocrd.intake.inboxes import Inboxes
+from ocrd.intake.loop import MAX_CHECK_FAILURES, Intake
+from ocrd.render import pages
+from ocrd.service.metrics import Metrics
+from ocrd.work.journal import Journal
+from ocrd.work.outcomes import Outcomes
 
 
 def test_fake_bug_in_a_check_fails_the_file_as_internal_error(

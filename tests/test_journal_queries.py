@@ -8,7 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from ocrd.journal import SCHEMA, FileFilter, Journal
+from ocrd.work.journal import SCHEMA, FileFilter, Journal
 
 
 def _journal(tmp_path: Path) -> Journal:

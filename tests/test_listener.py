@@ -1,4 +1,4 @@
-"""The metrics listener as scrapers and load balancers meet it (ocrd/metrics.py): names in
+"""The metrics listener as scrapers and load balancers meet it (ocrd/service/metrics.py): names in
 Prometheus' conventions read back with prometheus_client's parser, HEAD and gzip, /readyz
 saying why, a burst of 200 scrapers all answered, slow clients timed out without a
 thread each, IPv6, and addresses that cannot be listened on refused before the start."""
@@ -19,9 +19,9 @@ from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrd import cli
-from ocrd.config import ConfigError, parse_config
-from ocrd.metrics import HealthServer, ListenError, Metrics
-from ocrd.notify import Notifier
+from ocrd.config.settings import ConfigError, parse_config
+from ocrd.service.metrics import HealthServer, ListenError, Metrics
+from ocrd.service.systemd import Notifier
 
 
 @pytest.fixture

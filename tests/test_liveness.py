@@ -1,4 +1,4 @@
-"""Liveness (ocrd/notify.py) against a fake clock: what decides whether WATCHDOG=1 is sent.
+"""Liveness (ocrd/service/systemd.py) against a fake clock: what decides whether WATCHDOG=1 is sent.
 
 The rules: the main loop must turn; pages in the engine must come back. Idle time never
 counts, a long document whose pages keep coming back is alive however long it takes, and
@@ -6,7 +6,7 @@ a page stuck in the engine beyond its timeout (plus a grace) is a stall."""
 
 from __future__ import annotations
 
-from ocrd.notify import LOOP_STALL_SECONDS, PAGE_GRACE_SECONDS, Liveness
+from ocrd.service.systemd import LOOP_STALL_SECONDS, PAGE_GRACE_SECONDS, Liveness
 
 
 class Clock:

@@ -27,13 +27,14 @@ import structlog
 import yaml
 from PIL import Image
 
-from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines import create_engine, supervised
+from ocrd.config.settings import ConfigError, EngineConfig
+from ocrd.engines import create_engine
 from ocrd.engines.base import PageOutput, PageRequest
-from ocrd.engines.managed import ManagedServerEngine, plan_servers, server_args
-from ocrd.engines.supervised import group_alive
+from ocrd.engines.vllm import supervised
+from ocrd.engines.vllm.managed import ManagedServerEngine, plan_servers, server_args
+from ocrd.engines.vllm.supervised import group_alive
 from ocrd.errors import EngineDead, EngineUnavailable
-from ocrd.pipeline import EngineGate
+from ocrd.pipeline.document import EngineGate
 from ocrd.vllm_model import plugin, start_gate
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fake_vllm_serve.py")]
@@ -440,7 +441,7 @@ def test_a_server_whose_children_outlive_it_is_noticed_and_cleared(
     assert not any(group_alive(pgid) for pgid in engine.pgids)
 
 
-# ---- CUDA MPS for the servers of a GPU (ocrd/engines/mps.py) ------------------------------
+# ---- CUDA MPS for the servers of a GPU (ocrd/engines/vllm/mps.py) ------------------------------
 
 FAKE_MPS = [sys.executable, str(Path(__file__).parent / "fake_mps_control.py")]
 
@@ -590,12 +591,12 @@ def test_a_killed_mps_daemon_is_started_again_and_its_servers_too(
 def test_an_mps_daemon_stops_when_ocrd_is_killed_outright(tmp_path: Path) -> None:
     """ocrd SIGKILLed (no close(), no systemd to clear its cgroup): its MPS control
     daemon, in a session of its own, gets SIGTERM from the kernel ("die with my parent",
-    ocrd/engines/supervised.py DIE_WITH_PARENT) and exits instead of holding the GPU's
+    ocrd/engines/vllm/supervised.py DIE_WITH_PARENT) and exits instead of holding the GPU's
     MPS server as an orphan."""
     script, pid_file = tmp_path / "ocrd_like.py", tmp_path / "control.pid"
     script.write_text(
         "import asyncio, os, sys\n"
-        "from ocrd.engines.mps import MpsControl\n"
+        "from ocrd.engines.vllm.mps import MpsControl\n"
         "async def main():\n"
         f"    c = MpsControl(None, dict(os.environ), {FAKE_MPS!r})\n"
         "    await c.start()\n"

@@ -1,4 +1,5 @@
-"""Tests for ocrd.markdown: DeepSeek-OCR-2 grounding output and tesseract text into Markdown.
+"""Tests for ocrd.outputs.markdown: DeepSeek-OCR-2 grounding output and tesseract text
+into Markdown.
 
 The raw strings below are written in the model's real output format (special tokens kept).
 """
@@ -12,7 +13,7 @@ from html import escape as html_escape
 import pytest
 from PIL import Image, ImageDraw
 
-from ocrd.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
+from ocrd.outputs.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
 from ocrd.web.render import to_html
 
 EOS = "<｜end▁of▁sentence｜>"

@@ -23,7 +23,7 @@ from structure_pages import (
     truth_blocks,
 )
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import PageRequest
 from ocrd.engines.tesseract import TesseractEngine
 

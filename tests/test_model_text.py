@@ -1,4 +1,4 @@
-"""Model output is untrusted (ocrd/modeltext.py): text no file should hold becomes U+FFFD
+"""Model output is untrusted (ocrd/outputs/modeltext.py): text no file should hold becomes U+FFFD
 where it enters the pipeline, and the outbox's Markdown keeps the page's structure and
 tables but nothing a viewer would run or follow — checked by rendering it as a Markdown
 viewer that renders HTML does (markdown-it with raw HTML on, no sanitiser) and looking
@@ -21,14 +21,16 @@ import pytest
 from helpers import make_pdf
 from markdown_it import MarkdownIt
 
-from ocrd import modeltext, outbox, pages, safefs
-from ocrd.config import Config
+from ocrd import safefs
+from ocrd.config.settings import Config
 from ocrd.engines.base import Engine, PageOutput, PageRequest
-from ocrd.markdown import PageMarkdown
-from ocrd.modeltext import clean, inert_markdown
-from ocrd.pipeline import Converter, Source
-from ocrd.schedule import FairSlots
+from ocrd.outputs import destinations, modeltext
+from ocrd.outputs.markdown import PageMarkdown
+from ocrd.outputs.modeltext import clean, inert_markdown
+from ocrd.pipeline.document import Converter, Source
+from ocrd.render import pages
 from ocrd.web import render
+from ocrd.work.schedule import FairSlots
 
 # A viewer that renders HTML and follows any link (markdown-it's own link check off)
 VIEWER = MarkdownIt("commonmark", {"html": True}).enable("table").enable("strikethrough")
@@ -207,7 +209,7 @@ def convert(tmp_path: Path, engine: Engine) -> Path:
         fd = os.open(pdf, os.O_RDONLY)
         try:
             with safefs.Dir.open_root(out, create=True) as folder:
-                await converter.convert(Source(fd, "doc.pdf"), folder, outbox.Perms())
+                await converter.convert(Source(fd, "doc.pdf"), folder, destinations.Perms())
         finally:
             os.close(fd)
             await pool.close()
@@ -235,8 +237,8 @@ def test_outputs_are_written_all_or_none(tmp_path: Path) -> None:
     folder_path.mkdir()
     with safefs.Dir.open_root(folder_path) as folder:
         with pytest.raises(OSError):
-            outbox.write_atomic_all(folder, [("doc.json", b"{}"), ("x" * 300 + ".md", b"")],
-                                    outbox.Perms())
-        outbox.write_atomic_all(folder, [("doc.json", b"{}"), ("doc.md", b"# ok\n")],
-                                outbox.Perms())
+            destinations.write_atomic_all(folder, [("doc.json", b"{}"), ("x" * 300 + ".md", b"")],
+                                    destinations.Perms())
+        destinations.write_atomic_all(folder, [("doc.json", b"{}"), ("doc.md", b"# ok\n")],
+                                destinations.Perms())
     assert sorted(os.listdir(folder_path)) == ["doc.json", "doc.md"]

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from ocrd import names, outbox
-from ocrd.journal import Journal
-from ocrd.markdown import grounding_to_markdown
+from ocrd import names
+from ocrd.outputs import destinations
+from ocrd.outputs.markdown import grounding_to_markdown
+from ocrd.work.journal import Journal
 
 BAD = os.fsdecode(b"caf\xe9 \xff.pdf")
 
@@ -45,12 +46,12 @@ def test_journal_stores_and_finds_names_that_are_not_utf8(tmp_path: Path) -> Non
 
 def test_fit_name_shortens_names_that_are_not_utf8_by_bytes() -> None:
     long_bad = os.fsdecode(b"\xff" * 300)
-    fitted = outbox.fit_name(long_bad, ".md")
-    assert names.nbytes(fitted) <= outbox.NAME_MAX
+    fitted = destinations.fit_name(long_bad, ".md")
+    assert names.nbytes(fitted) <= destinations.NAME_MAX
     assert os.fsencode(fitted).startswith(b"\xff" * 100) and fitted.endswith(".md")
     # A UTF-8 name is cut at a character boundary, never into escaped bytes.
-    fitted = outbox.fit_name("é" * 200, ".md")
-    assert names.utf8(fitted) and names.nbytes(fitted) <= outbox.NAME_MAX
+    fitted = destinations.fit_name("é" * 200, ".md")
+    assert names.utf8(fitted) and names.nbytes(fitted) <= destinations.NAME_MAX
 
 
 def test_asset_links_of_a_name_that_is_not_utf8_are_percent_escaped() -> None:

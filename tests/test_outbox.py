@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ocrd import outbox, safefs
-from ocrd.outbox import Perms, Reservations, fit_name
+from ocrd import safefs
+from ocrd.outputs import destinations
+from ocrd.outputs.destinations import Perms, Reservations, fit_name
 from ocrd.safefs import Blocked, Dir
 
 
@@ -41,10 +42,10 @@ def test_fit_name_respects_the_name_limit() -> None:
 
 def test_write_atomic_sets_mode_and_leaves_no_temporaries(tmp_path: Path) -> None:
     with d(tmp_path) as folder:
-        outbox.write_atomic(folder, "a.md", b"one", Perms(0o640))
-        outbox.write_atomic(folder, "a.md", b"two", Perms(0o640))
+        destinations.write_atomic(folder, "a.md", b"one", Perms(0o640))
+        destinations.write_atomic(folder, "a.md", b"two", Perms(0o640))
         with pytest.raises(FileExistsError):
-            outbox.write_atomic(folder, "a.md", b"three", Perms(0o640), replace=False)
+            destinations.write_atomic(folder, "a.md", b"three", Perms(0o640), replace=False)
     assert (tmp_path / "a.md").read_bytes() == b"two"
     assert oct((tmp_path / "a.md").stat().st_mode & 0o777) == "0o640"
     assert os.listdir(tmp_path) == ["a.md"]
@@ -76,7 +77,7 @@ def test_move_unique_never_replaces(tmp_path: Path) -> None:
     with d(tmp_path / "dest") as dest, d(tmp_path / "src") as src:
         (tmp_path / "dest" / "x.pdf").write_text("old")
         (tmp_path / "src" / "x.pdf").write_text("new")
-        moved = outbox.move_unique(src, "x.pdf", dest, "x.pdf")
+        moved = destinations.move_unique(src, "x.pdf", dest, "x.pdf")
     assert moved == "x-2.pdf" and (tmp_path / "dest" / moved).read_text() == "new"
     assert (tmp_path / "dest" / "x.pdf").read_text() == "old"
     assert not (tmp_path / "src" / "x.pdf").exists()
@@ -88,9 +89,9 @@ def test_move_unique_keeps_a_users_error_json_apart(tmp_path: Path) -> None:
     with d(tmp_path / "failed") as failed, d(tmp_path / "work") as work:
         (tmp_path / "failed" / "x.pdf.error.json").write_text("the user's own")
         (tmp_path / "work" / "x.pdf").write_text("doc")
-        name = outbox.move_unique(work, "x.pdf", failed, "x.pdf",
-                                  siblings=(outbox.ERROR_SUFFIX,))
-        written = outbox.write_error(failed, name, b"{}", Perms())
+        name = destinations.move_unique(work, "x.pdf", failed, "x.pdf",
+                                  siblings=(destinations.ERROR_SUFFIX,))
+        written = destinations.write_error(failed, name, b"{}", Perms())
     assert (name, written) == ("x-2.pdf", "x-2.pdf.error.json")
     assert (tmp_path / "failed" / "x.pdf.error.json").read_text() == "the user's own"
 
@@ -98,7 +99,7 @@ def test_move_unique_keeps_a_users_error_json_apart(tmp_path: Path) -> None:
 def test_write_error_never_replaces(tmp_path: Path) -> None:
     with d(tmp_path) as folder:
         (tmp_path / "x.pdf.error.json").write_text("the user's own")
-        assert outbox.write_error(folder, "x.pdf", b"{}", Perms()) == "x.pdf.error-2.json"
+        assert destinations.write_error(folder, "x.pdf", b"{}", Perms()) == "x.pdf.error-2.json"
     assert (tmp_path / "x.pdf.error.json").read_text() == "the user's own"
 
 
@@ -108,7 +109,7 @@ def test_move_file_moves_a_symlink_itself_not_its_target(tmp_path: Path) -> None
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "link.pdf").symlink_to(secret)
     with d(tmp_path / "in") as src, d(tmp_path / "failed") as dest:
-        moved = outbox.move_unique(src, "link.pdf", dest, "link.pdf")
+        moved = destinations.move_unique(src, "link.pdf", dest, "link.pdf")
     assert (tmp_path / "failed" / moved).is_symlink()
     assert secret.read_text() == "do not touch"
 
@@ -124,7 +125,7 @@ def test_sweep_removes_only_this_daemons_temporaries(tmp_path: Path) -> None:
     outside.mkdir()
     (outside / mine).write_text("not under the root")
     (tmp_path / "link").symlink_to(outside)
-    assert outbox.sweep_temporaries(tmp_path, "aaaa") == 1
+    assert destinations.sweep_temporaries(tmp_path, "aaaa") == 1
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
         [theirs, "keep.md"])
     assert (outside / mine).exists()  # never through the link
@@ -135,14 +136,14 @@ def test_mirror_never_leaves_its_root_nor_follows_a_link(tmp_path: Path) -> None
     outside.mkdir()
     with d(tmp_path / "out") as root:
         with pytest.raises(ValueError):
-            outbox.mirror(root, ("a", "..", "..", "escape"), Perms())
-        made, used = outbox.mirror(root, ("2024", "March"), Perms())
+            destinations.mirror(root, ("a", "..", "..", "escape"), Perms())
+        made, used = destinations.mirror(root, ("2024", "March"), Perms())
         with made:
             assert used == ("2024", "March")
         assert (tmp_path / "out" / "2024" / "March").is_dir()
         # a link where a subfolder goes is not followed: the next free name is used
         (tmp_path / "out" / "sub").symlink_to(outside)
-        made, used = outbox.mirror(root, ("sub", "x"), Perms())
+        made, used = destinations.mirror(root, ("sub", "x"), Perms())
         made.close()
     assert used == ("sub-2", "x") and not (outside / "x").exists()
 
@@ -153,9 +154,9 @@ def test_mirror_takes_the_next_name_where_a_file_has_the_folders_name(tmp_path: 
     (tmp_path / "x.md").write_text("an earlier result")
     (tmp_path / "x.md-2").write_text("another file")
     with d(tmp_path) as root:
-        made, used = outbox.mirror(root, ("x.md",), Perms())
+        made, used = destinations.mirror(root, ("x.md",), Perms())
         made.close()
-        made, again = outbox.mirror(root, ("x.md",), Perms())
+        made, again = destinations.mirror(root, ("x.md",), Perms())
         made.close()
     assert used == again == ("x.md-3",)
     assert (tmp_path / "x.md").read_text() == "an earlier result"

@@ -21,7 +21,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from ocrd import __version__, owner
+from ocrd import __version__
+from ocrd.service import owner
 
 ROOT = Path(__file__).resolve().parents[1]
 OCRD_D_WHEEL = ROOT / ".test-wheels" / "ocrd-3.13.3-py3-none-any.whl"
@@ -139,7 +140,7 @@ def test_every_extra_is_used_by_ocrd() -> None:
 
 
 def test_watchdog_is_pinned_to_the_major_version_tested() -> None:
-    """ocrd/watch.py uses watchdog's inotify internals (watchdog.observers.inotify_c):
+    """ocrd/intake/watch.py uses watchdog's inotify internals (watchdog.observers.inotify_c):
     the next major version may move them."""
     (req,) = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]
               if Requirement(r).name == "watchdog"]

@@ -1,6 +1,6 @@
 """Pages stay in their own mode on their way to tesseract (grey; 1-bit scans as packed
-bits) and page images in flight are bounded by a memory budget (ocrd/modes.py,
-ocrd/budget.py) — real PDFs, PDFium and tesseract."""
+bits) and page images in flight are bounded by a memory budget (ocrd/render/modes.py,
+ocrd/pipeline/budget.py) — real PDFs, PDFium and tesseract."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from helpers import make_pdf, sentence_lines
 
 from bench.memory import TEXT, huge_pdf
-from ocrd import pages, resolution
-from ocrd.budget import MemoryBudget, Reservation
+from ocrd.pipeline.budget import MemoryBudget, Reservation
+from ocrd.render import pages, resolution
 
 TESSERACT = resolution.Resolution(300, 200, 600, grey=True)
 
@@ -130,10 +130,10 @@ def test_the_budget_setting_reaches_the_sidecar_page_size(tmp_path: Path) -> Non
 # ---- the default budget and the engine's pages in flight ---------------------------------
 
 def converter_for(engine_cfg: dict, slots: int, memory_bytes: int | None = None) -> Any:
-    from ocrd.config import Config
+    from ocrd.config.settings import Config
     from ocrd.engines import create_engine
-    from ocrd.pipeline import Converter
-    from ocrd.schedule import FairSlots
+    from ocrd.pipeline.document import Converter
+    from ocrd.work.schedule import FairSlots
 
     cfg = Config.model_validate({"engine": engine_cfg, "inboxes": [], "state_dir": "/nonexistent",
                                  "limits": {"memory_bytes": memory_bytes}})

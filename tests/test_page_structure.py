@@ -13,10 +13,10 @@ import pytest
 from markdown_it import MarkdownIt
 from structure_pages import shown
 
-from ocrd import page_structure
-from ocrd.markdown import escape_line, text_to_markdown
-from ocrd.modeltext import inert_markdown
-from ocrd.page_structure import Line, Reading, Token
+from ocrd.outputs import structure as page_structure
+from ocrd.outputs.markdown import escape_line, text_to_markdown
+from ocrd.outputs.modeltext import inert_markdown
+from ocrd.outputs.structure import Line, Reading, Token
 
 # -- the page's words, built by hand -------------------------------------------------------
 
@@ -59,7 +59,7 @@ def wrap(text: str, chars: int) -> list[str]:
 
 def md_of(lines: list[Line]) -> str:
     """The page's Markdown as the engine hands it on: made inert as every engine's is
-    (ocrd/modeltext.py), which must leave what it shows as it is."""
+    (ocrd/outputs/modeltext.py), which must leave what it shows as it is."""
     md = page_structure.to_markdown(Reading(lines))
     inert = inert_markdown(md)
     assert shown(inert) == shown(md)
@@ -240,7 +240,7 @@ def ink_of(marks: list[tuple[int, int, int, int]], size: tuple[int, int] = (3000
     """Where a page drawn with these dark boxes has ink (the engine's own lookup)."""
     from PIL import Image, ImageDraw
 
-    from ocrd import modes
+    from ocrd.render import modes
 
     image = Image.new("L", size, 255)
     draw = ImageDraw.Draw(image)

@@ -10,7 +10,8 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from PIL import Image
 
-from ocrd import errors, pages
+from ocrd import errors
+from ocrd.render import pages
 
 LIMITS = {"dpi": 144, "max_pages": 50, "max_bytes": 10**9, "max_pixels": 50_000_000}
 

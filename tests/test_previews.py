@@ -12,8 +12,8 @@ from pathlib import Path
 from helpers import make_pdf, sentence_lines
 from PIL import Image
 
-from ocrd.pages import RenderedPage
-from ocrd.previews import SIZES, Previews, encode
+from ocrd.render.pages import RenderedPage
+from ocrd.render.previews import SIZES, Previews, encode
 from ocrd.safefs import fd_path
 
 LONG_SIDE = SIZES["page"][1]

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from ocrd import errors
-from ocrd.config import InboxConfig
-from ocrd.pages import DocInfo
-from ocrd.readiness import (
+from ocrd.config.settings import InboxConfig
+from ocrd.intake.readiness import (
     CLOSED_SETTLE_SECONDS,
     Changed,
     Claim,
@@ -20,7 +19,8 @@ from ocrd.readiness import (
     Wait,
     decide,
 )
-from ocrd.watch import Entry, Ignore, fs_type, is_network_fs, scan
+from ocrd.intake.watch import Entry, Ignore, fs_type, is_network_fs, scan
+from ocrd.render.pages import DocInfo
 
 
 class Clock:
@@ -116,7 +116,7 @@ def test_moved_in_event_is_the_same_fast_path_as_close() -> None:
     close-after-write: due at once on a local filesystem (watch.py's handler)."""
     from watchdog.events import FileCreatedEvent, FileMovedEvent
 
-    from ocrd.watch import _Handler
+    from ocrd.intake.watch import _Handler
 
     hints: list[tuple[str, bool, bool]] = []
     handler = _Handler(lambda *h: hints.append(h))
@@ -134,7 +134,7 @@ INFO = DocInfo("pdf", "PDF", 1, "pypdfium2", 100)
 
 
 def cand_at(last_change: float, regular: bool = True, reported: set | None = None):
-    from ocrd.readiness import Candidate
+    from ocrd.intake.readiness import Candidate
 
     e = Entry(Path("/in/a.pdf"), "a.pdf", 10, 1, 7, regular)
     return Candidate(e, last_change, reported=reported or set())

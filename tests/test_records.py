@@ -16,7 +16,7 @@ import pytest
 from helpers import Daemon, drop, make_pdf, sentence_lines, wait_for
 from referencing import Registry, Resource
 
-from ocrd import records
+from ocrd.outputs import records
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 FORMATS = jsonschema.FormatChecker(formats=())

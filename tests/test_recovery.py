@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ocrd.config import InboxConfig
-from ocrd.inboxes import Inboxes, host_id
-from ocrd.journal import Journal
-from ocrd.metrics import Metrics
-from ocrd.outcomes import Outcomes
-from ocrd.recovery import Recovery
+from ocrd.config.settings import InboxConfig
+from ocrd.intake.inboxes import Inboxes, host_id
+from ocrd.service.metrics import Metrics
+from ocrd.work.journal import Journal
+from ocrd.work.outcomes import Outcomes
+from ocrd.work.recovery import Recovery
 
 INSTANCE = "a" * 32
 
@@ -194,8 +194,8 @@ def test_a_kept_original_counts_as_kept_the_moment_it_is_back_in_the_inbox(
     kept then too, or it is claimed and converted again (seen under CPU load)."""
     import os
 
-    from ocrd import outbox
-    from ocrd.watch import entry_for
+    from ocrd.intake.watch import entry_for
+    from ocrd.outputs import destinations as outbox
 
     w = World(tmp_path)
     w.box = w.box.model_copy(update={"on_success": "keep", "archive": None})

@@ -10,7 +10,7 @@ refuse on demand — or misbehave as a broken server does: hang (its /v1/models 
 answering, as a hung vLLM engine core behind a live front end does), send an endless
 body, or answer with something else than a chat completion. FakeVllmThread serves one
 to a daemon that runs as a subprocess. Also covers the shared loop-retry logic in
-ocrd/engines/_loops.py.
+ocrd/engines/repetition.py.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrd.config import ConfigError, EngineConfig
-from ocrd.engines import _loops, deepseek_ocr2, remote
+from ocrd.config.settings import ConfigError, EngineConfig
+from ocrd.engines import deepseek_ocr2, remote
+from ocrd.engines import repetition as _loops
 from ocrd.engines.base import PageRequest
 from ocrd.engines.remote import RemoteEngine, RemoteRequestError, chat_text
 from ocrd.errors import EngineUnavailable
@@ -563,7 +564,7 @@ def test_cancelled_page_hangs_up_on_the_server() -> None:
     assert server.disconnects == 1 and engine.in_flight() == {server.url: 0}
 
 
-# ---- the shared loop logic (ocrd/engines/_loops.py) ---------------------------------
+# ---- the shared loop logic (ocrd/engines/repetition.py) ---------------------------------
 
 
 def test_trim_loop_cuts_repeated_tails_only() -> None:
@@ -576,7 +577,7 @@ def test_trim_loop_cuts_repeated_tails_only() -> None:
 
 
 def test_retry_settings_tighten() -> None:
-    from ocrd.engine_config import NGramConfig
+    from ocrd.config.engine import NGramConfig
 
     ngram = NGramConfig()
     settings = [deepseek_ocr2.attempt_settings(ngram, n) for n in (1, 2, 3, 4, 5)]

@@ -27,9 +27,9 @@ from test_configfile import write_config
 from test_remote_engine import FakeVllm, config, fast_backoff, page  # noqa: F401
 
 from ocrd import cli
-from ocrd.config import ConfigError, EngineConfig, parse_config
-from ocrd.engines.managed import ManagedServerEngine
+from ocrd.config.settings import ConfigError, EngineConfig, parse_config
 from ocrd.engines.remote import RemoteEngine
+from ocrd.engines.vllm.managed import ManagedServerEngine
 from ocrd.errors import EngineUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]

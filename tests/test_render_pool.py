@@ -12,7 +12,8 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from PIL import Image
 
-from ocrd import errors, pages
+from ocrd import errors
+from ocrd.render import pages
 
 MAX_PIXELS = 50_000_000
 

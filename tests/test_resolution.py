@@ -1,5 +1,5 @@
 """The render resolution belongs to the engine, and a scanned page renders at about its
-image's own resolution (ocrd/resolution.py) — with real PDFs, PDFium and tesseract."""
+image's own resolution (ocrd/render/resolution.py) — with real PDFs, PDFium and tesseract."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 from helpers import make_pdf, recall, sentence_lines
 from PIL import Image, ImageDraw, ImageFont
 
-from ocrd import pages, resolution
-from ocrd.config import RenderConfig
+from ocrd.config.settings import RenderConfig
 from ocrd.engines.base import Engine
 from ocrd.engines.tesseract import TesseractEngine
+from ocrd.render import pages, resolution
 
 LINES = sentence_lines(5, 4)
 
@@ -97,7 +97,7 @@ def test_the_engine_chooses_the_resolution_unless_configured() -> None:
         return res.dpi, res.scan_min_dpi, res.scan_max_dpi, res.grey
 
     tess = TesseractEngine.__new__(TesseractEngine)
-    # tesseract reads grey: it gets pages rendered grey (ocrd/modes.py)
+    # tesseract reads grey: it gets pages rendered grey (ocrd/render/modes.py)
     assert key(resolution.choose(RenderConfig(), tess)) == (300, 200, 600, True)
     # the DeepSeek engines keep the base class's choice
     assert key(resolution.choose(RenderConfig(), Engine)) == (144, 144, 200, False)

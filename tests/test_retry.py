@@ -14,8 +14,8 @@ import pytest
 import yaml
 from console_site import build
 
-from ocrd.journal import FileFilter, Journal
-from ocrd.retry import RetryError, retry_job, select
+from ocrd.work.journal import FileFilter, Journal
+from ocrd.work.retry import RetryError, retry_job, select
 
 
 @pytest.fixture

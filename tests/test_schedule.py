@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrd import outbox, pages, safefs
-from ocrd.config import parse_config
+from ocrd import safefs
+from ocrd.config.settings import parse_config
 from ocrd.engines.base import Engine, PageOutput, PageRequest
-from ocrd.pipeline import Converter, Source
-from ocrd.schedule import FairSlots, Scheduler
+from ocrd.outputs import destinations
+from ocrd.pipeline.document import Converter, Source
+from ocrd.render import pages
+from ocrd.work.schedule import FairSlots, Scheduler
 
 
 async def settle(rounds: int = 50) -> None:
@@ -370,7 +372,7 @@ def test_rendered_pages_held_stay_within_the_lookahead_and_the_slots(tmp_path: P
         conv = Converter(cfg, engine, pool, slots)  # type: ignore[arg-type]
         src = Source(os.open(doc, os.O_RDONLY), "manual.pdf", info=info)
         out = safefs.Dir.open_root(tmp_path / "out", create=True)
-        job = asyncio.create_task(conv.convert(src, out, outbox.Perms()))
+        job = asyncio.create_task(conv.convert(src, out, destinations.Perms()))
         await until(lambda: engine.inside == 2, "the engine to fill")
         await settle(200)  # everything that can move now, without the engine, has
         # the engine is full and blocked: 2 pages in it, 3 rendered and waiting for a
@@ -426,7 +428,7 @@ def test_a_pages_priority_is_its_documents_pages_not_yet_done(tmp_path: Path) ->
             doc.write_bytes(b"%PDF-1.4 fake " + name.encode() + b"\n%%EOF\n")
             info = pages.DocInfo("pdf", "PDF", n, "pypdfium2", n * 16)
             src = Source(os.open(doc, os.O_RDONLY), name, info=info)
-            jobs.append(asyncio.create_task(conv.convert(src, out, outbox.Perms())))
+            jobs.append(asyncio.create_task(conv.convert(src, out, destinations.Perms())))
         await asyncio.gather(*jobs)
         return engine.seen
 
@@ -487,7 +489,7 @@ def test_a_remote_engines_page_waits_for_its_figures_as_the_url_sent(tmp_path: P
             conv = Converter(cfg, engine, pool, FairSlots(1))  # type: ignore[arg-type]
             src = Source(os.open(doc, os.O_RDONLY), "report.pdf", info=info)
             out = safefs.Dir.open_root(tmp_path / "out", create=True)
-            return await conv.convert(src, out, outbox.Perms())
+            return await conv.convert(src, out, destinations.Perms())
         finally:
             await engine.close()
             await server.stop()

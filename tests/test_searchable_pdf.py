@@ -183,7 +183,7 @@ def test_scanned_pdf_text_is_found_where_tesseract_saw_it(converted: dict) -> No
     assert recall(md_words(md), text) >= 0.95
     doc = pdfium.PdfDocument(converted["scan"])
     for i in range(2):
-        dpi = meta["pages"][i]["dpi"]  # the engine's choice (ocrd/resolution.py)
+        dpi = meta["pages"][i]["dpi"]  # the engine's choice (ocrd/render/resolution.py)
         image = doc[i].render(scale=dpi / 72, grayscale=True).to_pil()
         # (PDFium's helper rounds 3300.0000000000005 px up: a pixel more at most)
         assert abs(image.width - meta["pages"][i]["width"]) <= 1
@@ -256,8 +256,8 @@ def test_photo_becomes_a_page_at_its_resolution_jpeg_as_is(converted: dict) -> N
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_every_exif_orientation_is_shown_upright(tmp_path: Path, orientation: int) -> None:
-    from ocrd import textpdf
-    from ocrd.textlayer import FontMap, PageLayer
+    from ocrd.outputs import textpdf
+    from ocrd.outputs.textlayer import FontMap, PageLayer
 
     stored = Image.new("RGB", (60, 40), "white")
     stored.paste((200, 0, 0), (0, 0, 20, 10))  # a corner and an edge tell every turn
@@ -293,10 +293,10 @@ def convert_remote(tmp: Path, files: list[Path], text: str,
     `failing`: the reasons of the files expected to fail."""
     from test_remote_engine import MODEL, FakeVllm
 
-    from ocrd.batch import jobs_for
     from ocrd.cli import _convert
-    from ocrd.config import parse_config
-    from ocrd.progress import Progress
+    from ocrd.config.settings import parse_config
+    from ocrd.pipeline.batch import jobs_for
+    from ocrd.pipeline.progress import Progress
 
     out = tmp / "out"
 
@@ -420,9 +420,9 @@ def test_text_pages_keep_their_text_unless_asked(tmp_path: Path) -> None:
 def test_replace_removes_an_earlier_invisible_layer_only(tmp_path: Path) -> None:
     from helpers import make_pdf
 
-    from ocrd import textpdf
     from ocrd.engines.base import PageOutput, Word
-    from ocrd.textlayer import FontMap, page_layer
+    from ocrd.outputs import textpdf
+    from ocrd.outputs.textlayer import FontMap, page_layer
 
     src = make_pdf(tmp_path / "v.pdf", [["Visible heading stays"]])
 
@@ -453,7 +453,7 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
     --pdf` then fails the file as pdf_failed: the PDF was asked for by name.)"""
     from helpers import make_pdf
 
-    from ocrd import textpdf
+    from ocrd.outputs import textpdf
 
     def refuse(*_: Any, **__: Any) -> list[str]:
         raise pikepdf.PdfError("unable to find trailer dictionary")
@@ -469,7 +469,7 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
 
 
 def test_pdf_settings_are_checked() -> None:
-    from ocrd.config import ConfigError, parse_config
+    from ocrd.config.settings import ConfigError, parse_config
 
     def inbox(**fields: Any) -> dict:
         return {"state_dir": "/tmp/s", "inboxes": [{"path": "/tmp/i", "outbox": "/tmp/o",
@@ -534,18 +534,19 @@ def test_tesseract_tsv_gives_the_same_text_as_its_text_output(tmp_path: Path) ->
 def test_a_pdf_that_fails_is_counted_and_leaves_nothing(tmp_path: Path) -> None:
     """qpdf refusing a source for real (an image handed over as a PDF): the failure is
     recorded with qpdf's words, counted in the metrics, and no file is left behind."""
-    from ocrd import outbox, pdfout, safefs
+    from ocrd import safefs
     from ocrd.engines.base import PageOutput
-    from ocrd.metrics import Metrics
+    from ocrd.outputs import destinations, searchable_pdf
+    from ocrd.service.metrics import Metrics
 
     metrics = Metrics()
-    pdf = pdfout.SearchablePdf(pdfout.PdfSettings("add"), 1, grounding=False)
+    pdf = searchable_pdf.SearchablePdf(searchable_pdf.PdfSettings("add"), 1, grounding=False)
     pdf.page(0, PageOutput("some text"), 100, 100)
     Image.new("RGB", (100, 100), "white").save(tmp_path / "x.png")
     (tmp_path / "out").mkdir()
     with safefs.Dir.open_root(tmp_path / "out") as out:
-        asyncio.run(pdfout.finish(pdf, None, str(tmp_path / "x.png"), "pdf", out, "x",
-                                  outbox.Perms(), metrics))
+        asyncio.run(searchable_pdf.finish(pdf, None, str(tmp_path / "x.png"), "pdf", out, "x",
+                                  destinations.Perms(), metrics))
     assert pdf.written is None and "could not be made" in (pdf.failed or "")
     assert pdf.outputs() == {"pdf": None, "pdf_failed": pdf.failed}
     assert metrics.registry.get_sample_value("ocrd_pdf_failures_total") == 1

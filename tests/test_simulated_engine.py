@@ -10,7 +10,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from ocrd import errors
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines import create_engine
 from ocrd.engines.base import PageOutput, PageRequest
 from ocrd.engines.simulated import SimulatedEngine, decode_steps

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrd.config import Config
+from ocrd.config.settings import Config
 
 UNITS = Path(__file__).resolve().parents[1] / "systemd"
 UNIT = UNITS / "ocrd.service"

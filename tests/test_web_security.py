@@ -15,7 +15,7 @@ import pytest
 import yaml
 from console_site import build, token_file, write_preview
 
-from ocrd.config import ConfigError, WebConfig
+from ocrd.config.settings import ConfigError, WebConfig
 from ocrd.web.auth import CSP, load_token
 
 TRAVERSALS = [
@@ -50,7 +50,7 @@ def test_traversal_urls_are_refused(site) -> None:
         path = raw.format(**site.ids)
         status, _, body = site.get(path)
         assert status == 404, (path, status, body[:100])
-        assert secret not in body and b"ocrd.config" not in body, path
+        assert secret not in body and b"ocrd.config.settings" not in body, path
 
 
 def test_files_of_a_row_are_served_only_through_the_row(site) -> None:

@@ -7,8 +7,8 @@ import os
 
 import structlog
 
-from ocrd.config import EngineConfig
-from ocrd.credentials import with_api_key
+from ocrd.config.secrets import with_api_key
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 
 __all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine", "with_profile"]
@@ -42,14 +42,14 @@ def choose_kind(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def with_profile(cfg: EngineConfig) -> EngineConfig:
-    """The engine config with engine.vllm's profile applied (ocrd/engines/gpu_profile.py);
+    """The engine config with engine.vllm's profile applied (ocrd/engines/vllm/profile.py);
     ConfigError names a configured key that the chosen layout cannot take."""
     from pydantic import ValidationError
 
-    from ocrd.config import ConfigError
-    from ocrd.configcheck import describe_error
-    from ocrd.engine_config import VllmConfig
-    from ocrd.engines import gpu_profile
+    from ocrd.config.check import describe_error
+    from ocrd.config.engine import VllmConfig
+    from ocrd.config.settings import ConfigError
+    from ocrd.engines.vllm import profile as gpu_profile
 
     try:
         vllm, profile = gpu_profile.resolve(cfg.vllm)
@@ -84,10 +84,10 @@ def _create(cfg: EngineConfig) -> Engine:
         cfg = with_profile(cfg)
         if cfg.vllm.managed:
             # several front ends, servers or GPUs: local `vllm serve` that ocrd supervises
-            from ocrd.engines.managed import ManagedServerEngine
+            from ocrd.engines.vllm.managed import ManagedServerEngine
 
             return ManagedServerEngine(cfg)
-        from ocrd.engines.vllm import VllmEngine
+        from ocrd.engines.vllm.inprocess import VllmEngine
 
         return VllmEngine(cfg)
     if kind == "remote":

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from PIL import Image
 
-from ocrd.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
-from ocrd.modeltext import inert_markdown
+from ocrd.outputs.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
+from ocrd.outputs.modeltext import inert_markdown
 
 # What the inbox asked for; engines with a prompt (DeepSeek-OCR-2: deepseek_ocr2.prompt)
 # turn it into theirs, the others ignore it.
@@ -51,7 +51,7 @@ class PageRequest:
 class Word:
     """A word and where it is: pixels (left, top, right, bottom) of the page image the
     engine was given. Engines that see words (tesseract) report them; the searchable
-    PDF lays each word over its box (ocrd/textlayer.py)."""
+    PDF lays each word over its box (ocrd/outputs/textlayer.py)."""
 
     text: str
     box: tuple[int, int, int, int]
@@ -88,21 +88,21 @@ class Engine(abc.ABC):
     # What `ocr()` returns, and so how `page_markdown` reads it: "grounding":
     # DeepSeek-OCR-2's tag stream (deepseek_ocr2.OUTPUT_FORMAT), figures cropped from the
     # page image; "markdown": the page's Markdown, made by the engine (tesseract, from
-    # its layout: ocrd/page_structure.py); "text": plain text, escaped so that it reads
+    # its layout: ocrd/outputs/structure.py); "text": plain text, escaped so that it reads
     # as itself. An engine with a grounding format also follows the inbox's prompt mode.
     output_format: Literal["grounding", "markdown", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
-    # The resolution it reads best (ocrd/resolution.py): born-digital pages at
+    # The resolution it reads best (ocrd/render/resolution.py): born-digital pages at
     # render_dpi, scans at their own resolution within scan_dpi. DeepSeek-OCR-2 resizes
     # pages to 1024/768 px, and its recipe renders at 144 dpi.
     render_dpi: int = 144
     scan_dpi: tuple[int, int] = (144, 200)
     # "RGB"; "L" for an engine that reads grey: it gets pages rendered grey, and 1-bit
-    # scans as packed bits (PageRequest.rendered; ocrd/modes.py)
+    # scans as packed bits (PageRequest.rendered; ocrd/render/modes.py)
     page_mode: str = "RGB"
     # Bytes a page costs per pixel, by mode, from rendering until the engine is done
-    # with it (ocrd/budget.py): here the packed page (3) and its Pillow image (4).
+    # with it (ocrd/pipeline/budget.py): here the packed page (3) and its Pillow image (4).
     pixel_bytes: dict[str, float] = {"RGB": 7.0}  # noqa: RUF012 - read only
 
     async def start(self) -> None:  # noqa: B027 - optional hook
@@ -134,7 +134,7 @@ class Engine(abc.ABC):
                       image: Image.Image | Callable[[], Image.Image] | None, page_no: int,
                       assets_link: str) -> PageMarkdown:
         """One page's output as Markdown, with nothing active left in it (the model's
-        HTML and links are untrusted: ocrd/modeltext.py); figures (grounding only) are
+        HTML and links are untrusted: ocrd/outputs/modeltext.py); figures (grounding only) are
         cropped from `image` (or from what it returns, made at the first figure) and
         linked under `assets_link`."""
         if self.output_format == "grounding":

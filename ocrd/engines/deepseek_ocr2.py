@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ocrd.engine_config import NGramConfig
+from ocrd.config.engine import NGramConfig
 from ocrd.engines.base import PageRequest
 
 # Prompts of DeepSeek-OCR-2's published recipe (plain text, no chat template). The

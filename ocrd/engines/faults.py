@@ -13,7 +13,7 @@ import asyncio
 import random
 import time
 
-from ocrd.engine_config import TestingFaultsConfig
+from ocrd.config.engine import TestingFaultsConfig
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.errors import EngineDead, EngineUnavailable
 

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 
 from ocrd import __version__
-from ocrd.config import ConfigError, EngineConfig
+from ocrd.config.settings import ConfigError, EngineConfig
 
 # A server that does not accept a connection within this time counts as down.
 CONNECT_TIMEOUT_SECONDS = 5.0

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from PIL import Image
 
-from ocrd import modes
 from ocrd.engines.base import PageRequest
+from ocrd.render import modes
 
 # px: the copy's long side stays at least this (an A4 page at ~140 dpi or more; at 100
 # dpi OSD misjudged sideways pages)

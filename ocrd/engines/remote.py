@@ -29,12 +29,12 @@ from typing import Any, Literal, TypeVar
 import structlog
 from PIL import Image
 
-from ocrd.config import ConfigError, EngineConfig
+from ocrd.config.settings import ConfigError, EngineConfig
 from ocrd.engines import deepseek_ocr2
-from ocrd.engines._loops import Attempt, convert_with_retries
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.engines.deepseek_ocr2 import AttemptSettings
 from ocrd.engines.http import Answer, BadAnswer, Client, ServerTrouble, ServerUnreachable
+from ocrd.engines.repetition import Attempt, convert_with_retries
 from ocrd.errors import EngineUnavailable
 
 log = structlog.get_logger(__name__)

@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 from PIL import Image
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.errors import EngineDead
 

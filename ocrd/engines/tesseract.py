@@ -20,11 +20,12 @@ from typing import Any
 import structlog
 from PIL import Image
 
-from ocrd import modes, page_structure
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageOutput, PageRequest, Word
 from ocrd.errors import EngineDead
+from ocrd.outputs import structure as page_structure
+from ocrd.render import modes
 
 log = structlog.get_logger("ocrd.engine.tesseract")
 

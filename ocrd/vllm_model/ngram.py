@@ -15,7 +15,7 @@ each step updates by the newest n-gram (`NoRepeatNGram`), and writes all bans of
 at once from pinned memory without waiting for the GPU. It is a drop-in: same request
 arguments, same validation (vLLM's class is the base). Loaded where vLLM runs: by name in
 the engine core of a `vllm serve` (the managed and remote engines), and by the in-process
-engine (ocrd/engines/vllm.py), which imports it when it starts vLLM inside the daemon's
+engine (ocrd/engines/vllm/inprocess.py), which imports it when it starts vLLM inside the daemon's
 process and passes the class; never by a daemon without a vLLM engine.
 """
 

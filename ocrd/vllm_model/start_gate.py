@@ -12,7 +12,7 @@ engine core takes an exclusive lock (flock) on the file named by OCRD_VLLM_START
 before its executor sets up the device, and gives it back when its KV cache is
 allocated and the model is compiled and warmed up (vLLM's `_initialize_kv_caches`).
 The kernel drops the lock of a process that dies, so a crashed start never blocks the
-others. The managed engine (ocrd/engines/managed.py) sets the variable, one file per
+others. The managed engine (ocrd/engines/vllm/managed.py) sets the variable, one file per
 group of GPUs, only where its servers share a group and start together; the plugin
 (plugin.py) installs the gate in every vLLM process that sees it.
 """

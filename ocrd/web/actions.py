@@ -14,14 +14,14 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ocrd.journal import FileFilter, Journal
 from ocrd.names import shown
-from ocrd.retry import RetryError, retry_job
 from ocrd.web.auth import Guard
 from ocrd.web.context import Context
 from ocrd.web.pages import set_flash
 from ocrd.web.upload import UploadError, save
 from ocrd.web.views import CAUSE, RETRY_HELPS
+from ocrd.work.journal import FileFilter, Journal
+from ocrd.work.retry import RetryError, retry_job
 
 FORM_OVERHEAD = 64 * 1024  # multipart headers and the other fields, beside the file
 MAX_RETRY_ALL = 10_000

@@ -9,11 +9,11 @@ from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from ocrd import __version__
-from ocrd.journal import FILTER_STATES, FileFilter
 from ocrd.web import actions
 from ocrd.web.auth import Guard
 from ocrd.web.context import Context
 from ocrd.web.views import job_facts
+from ocrd.work.journal import FILTER_STATES, FileFilter
 
 MAX_LIMIT = 500
 

@@ -20,15 +20,15 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ocrd.journal import FILTER_STATES, FileFilter
 from ocrd.names import shown
-from ocrd.search import COUNT_AT_MOST, Query
 from ocrd.web import actions, api, serve
 from ocrd.web.auth import COOKIE, Guard
 from ocrd.web.context import Context
 from ocrd.web.live import Live
 from ocrd.web.pages import int_param, render
+from ocrd.web.search import COUNT_AT_MOST, Query
 from ocrd.web.views import job_facts, review_pages, state_of
+from ocrd.work.journal import FILTER_STATES, FileFilter
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50

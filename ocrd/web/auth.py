@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ocrd.config import ConfigError, WebConfig
+from ocrd.config.settings import ConfigError, WebConfig
 
 COOKIE = "ocrd_console"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "

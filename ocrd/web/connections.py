@@ -29,7 +29,7 @@ import structlog
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ocrd.conditions import Conditions
+from ocrd.service.conditions import Conditions
 
 log = structlog.get_logger("ocrd.web")
 

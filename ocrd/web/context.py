@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ocrd.config import Config
+from ocrd.config.settings import Config
 from ocrd.web.live import Live
 from ocrd.web.store import Store
 

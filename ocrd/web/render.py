@@ -4,7 +4,7 @@ The Markdown is the model's output, so it is untrusted: anything that is not Mar
 one of the table tags DeepSeek-OCR-2 writes (`<table>`, `<tr>`, `<td>` …) is escaped and
 shown as the text it is, and the HTML that comes out is cleaned once more by ammonia
 (nh3) — with the allowlist of tags, attributes and link schemes that the outbox's
-Markdown is held to as well (ocrd/modeltext.py). Images are shown only when they are
+Markdown is held to as well (ocrd/outputs/modeltext.py). Images are shown only when they are
 this document's own figure crops, through the console's asset URL.
 """
 
@@ -19,7 +19,7 @@ import nh3
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from ocrd.modeltext import ATTRIBUTES, RAW_TAGS, TAGS, URL_SCHEMES
+from ocrd.outputs.modeltext import ATTRIBUTES, RAW_TAGS, TAGS, URL_SCHEMES
 
 _PAGE_MARK = re.compile(r"^<!-- page (\d+)(?: \(([^()\n]*)\))? -->[ \t]*$", re.MULTILINE)
 _ALLOWED_RAW = re.compile(rf"</?(?:{'|'.join(sorted(RAW_TAGS))})\b[^<>]*>", re.IGNORECASE)

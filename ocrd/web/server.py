@@ -17,16 +17,16 @@ import threading
 import structlog
 import uvicorn
 
-from ocrd import listen
-from ocrd.config import Config
-from ocrd.previews import Previews
-from ocrd.roots import Roots
-from ocrd.search import Indexer
+from ocrd.config import listen
+from ocrd.config.roots import Roots
+from ocrd.config.settings import Config
+from ocrd.render.previews import Previews
 from ocrd.web import connections
 from ocrd.web.app import create_app
 from ocrd.web.auth import load_secret, load_token
 from ocrd.web.context import Context
 from ocrd.web.live import LiveStatus
+from ocrd.web.search import Indexer
 from ocrd.web.store import Store
 
 log = structlog.get_logger("ocrd.web")

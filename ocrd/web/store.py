@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocrd.config import Config, InboxConfig
-from ocrd.journal import OPEN_STATES, FileFilter, Job, Journal
-from ocrd.previews import SIZES, Previews
-from ocrd.roots import Roots
+from ocrd.config.roots import Roots
+from ocrd.config.settings import Config, InboxConfig
+from ocrd.render.previews import SIZES, Previews
 from ocrd.safefs import fd_path
-from ocrd.search import SearchIndex
+from ocrd.web.search import SearchIndex
+from ocrd.work.journal import OPEN_STATES, FileFilter, Job, Journal
 
 _FIGURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
 MAX_TEXT_BYTES = 64 * 1024**2  # a Markdown or sidecar larger than this is not shown

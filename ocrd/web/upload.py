@@ -16,10 +16,10 @@ import re
 import secrets
 from typing import BinaryIO
 
-from ocrd.config import InboxConfig
-from ocrd.outbox import split_ext
+from ocrd.config.settings import InboxConfig
+from ocrd.intake.watch import Ignore
+from ocrd.outputs.destinations import split_ext
 from ocrd.safefs import Dir
-from ocrd.watch import Ignore
 
 CHUNK = 1 << 20
 MAX_NAME_BYTES = 200

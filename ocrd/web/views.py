@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ocrd.journal import Job
 from ocrd.names import printable, shown
-from ocrd.records import local_time
-from ocrd.search import highlight_html
+from ocrd.outputs.records import local_time
 from ocrd.web.render import split_pages, to_html
+from ocrd.web.search import highlight_html
+from ocrd.work.journal import Job
 
 STATE_WORDS = {
     "claiming": "queued", "claimed": "queued", "converting": "converting",

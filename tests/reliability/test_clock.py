@@ -18,11 +18,13 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from test_records import SIDECAR, valid
 
-from ocrd import outbox, pages, safefs
-from ocrd.config import parse_config
+from ocrd import safefs
+from ocrd.config.settings import parse_config
 from ocrd.engines import create_engine
-from ocrd.pipeline import Converter, Source
-from ocrd.schedule import FairSlots
+from ocrd.outputs import destinations
+from ocrd.pipeline.document import Converter, Source
+from ocrd.render import pages
+from ocrd.work.schedule import FairSlots
 
 pytestmark = [pytest.mark.reliability]
 
@@ -70,7 +72,7 @@ def test_a_wall_clock_step_back_fake_clock_gives_no_negative_durations(
         fd = os.open(doc, os.O_RDONLY)
         try:
             with safefs.Dir.open_root(tmp_path / "out", create=True) as out:
-                written = await conv.convert(Source(fd, "a.pdf"), out, outbox.Perms())
+                written = await conv.convert(Source(fd, "a.pdf"), out, destinations.Perms())
         finally:
             os.close(fd)
             await engine.close()

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
 
-from ocrd import inboxes as inboxes_mod
-from ocrd import pages
-from ocrd import watch as watch_mod
-from ocrd.claims import Claims
-from ocrd.config import parse_config
-from ocrd.inboxes import Inboxes
-from ocrd.intake import Intake
-from ocrd.journal import Journal
-from ocrd.metrics import Metrics
-from ocrd.watch import MAX_DEPTH
+from ocrd.config.settings import parse_config
+from ocrd.intake import inboxes as inboxes_mod
+from ocrd.intake import watch as watch_mod
+from ocrd.intake.claims import Claims
+from ocrd.intake.inboxes import Inboxes
+from ocrd.intake.loop import Intake
+from ocrd.intake.watch import MAX_DEPTH
+from ocrd.render import pages
+from ocrd.service.metrics import Metrics
+from ocrd.work.journal import Journal
 
 pytestmark = [pytest.mark.reliability]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, files_under, make_pdf, sentence_lines, wait_for
 
-from ocrd.outbox import Reservations, reservation_name, sweep_temporaries
+from ocrd.outputs.destinations import Reservations, reservation_name, sweep_temporaries
 from ocrd.safefs import Dir
 
 pytestmark = [pytest.mark.reliability]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
 
-from ocrd.config import InboxConfig
-from ocrd.watch import Observers
+from ocrd.config.settings import InboxConfig
+from ocrd.intake.watch import Observers
 
 pytestmark = [pytest.mark.reliability]
 

@@ -1,4 +1,4 @@
-"""The journal's native protocol as ocrd writes it (ocrd/log.py): field names, the binary
+"""The journal's native protocol as ocrd writes it (ocrd/service/log.py): field names, the binary
 form for values with newlines, large entries as a sealed memfd, and the fallback to
 stderr. A datagram socket the test binds stands in for /run/systemd/journal/socket;
 tests/systemd/test_nspawn.py checks the same entries in a real journald."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from ocrd import log
+from ocrd.service import log
 
 
 def decode_entry(data: bytes) -> dict[str, str]:
@@ -61,7 +61,7 @@ def test_encoder_uses_the_binary_form_only_for_newlines() -> None:
 
 def test_event_becomes_message_priority_event_and_ocrd_fields() -> None:
     fields = dict(log.journal_fields({
-        "event": "file_converted", "level": "info", "logger": "ocrd.pipeline",
+        "event": "file_converted", "level": "info", "logger": "ocrd.pipeline.document",
         "timestamp": "2026-01-01T00:00:00Z", "file": "sub/x y.pdf", "page": 3,
         "seconds": 1.25, "degraded": [], "ok": True, "pages": None}))
     assert fields["EVENT"] == "file_converted"
@@ -70,7 +70,7 @@ def test_event_becomes_message_priority_event_and_ocrd_fields() -> None:
     assert fields["OCRD_FILE"] == "sub/x y.pdf"
     assert fields["OCRD_PAGE"] == "3" and fields["OCRD_SECONDS"] == "1.25"
     assert fields["OCRD_DEGRADED"] == "[]" and fields["OCRD_OK"] == "true"
-    assert fields["OCRD_LOGGER"] == "ocrd.pipeline"
+    assert fields["OCRD_LOGGER"] == "ocrd.pipeline.document"
     assert "OCRD_PAGES" not in fields and "OCRD_TIMESTAMP" not in fields
     assert fields["MESSAGE"] == ('file_converted file="sub/x y.pdf" page=3 seconds=1.25 '
                                  "degraded=[] ok=true")

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import VllmServer  # noqa: E402

@@ -24,9 +24,9 @@ require_vllm()
 
 from test_vllm_engine import noise  # noqa: E402
 
-from ocrd.config import EngineConfig  # noqa: E402
+from ocrd.config.settings import EngineConfig  # noqa: E402
 from ocrd.engines.base import PageRequest  # noqa: E402
-from ocrd.engines.vllm import VllmEngine  # noqa: E402
+from ocrd.engines.vllm.inprocess import VllmEngine  # noqa: E402
 from ocrd.vllm_model import dsocr2_fast, plugin  # noqa: E402
 
 pytestmark = pytest.mark.vllm

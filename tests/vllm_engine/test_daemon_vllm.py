@@ -14,7 +14,7 @@ import pytest
 from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
 from serve import SERVED_NAME, VllmServer
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR
-from ocrd.engines.vllm import VllmEngine
-from ocrd.engines.vllm_args import HeadDimGuard, engine_kwargs
+from ocrd.engines.vllm.args import HeadDimGuard, engine_kwargs
+from ocrd.engines.vllm.inprocess import VllmEngine
 
 
 class FakeConfig:

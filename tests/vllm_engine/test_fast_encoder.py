@@ -305,7 +305,7 @@ def test_encoder_mode_settings() -> None:
     assert dsocr2_fast.batched_mode("1") is False
     # auto: batched on a GPU; page by page (vLLM's shapes) on the CPU this vLLM runs on
     assert dsocr2_fast.batched_mode("auto") is False
-    from ocrd.engine_config import VllmConfig
+    from ocrd.config.engine import VllmConfig
 
     assert VllmConfig().batch_encoder is None and VllmConfig().fast_encoder is True
 

@@ -27,20 +27,21 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrd.config import EngineConfig
-from ocrd.engines import create_engine, supervised
+from ocrd.config.settings import EngineConfig
+from ocrd.engines import create_engine
 from ocrd.engines.base import PageOutput, PageRequest
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, PROMPTS
-from ocrd.engines.managed import (
+from ocrd.engines.vllm import supervised
+from ocrd.engines.vllm.inprocess import VllmEngine
+from ocrd.engines.vllm.managed import (
     ManagedServerEngine,
     cli_args,
     group_alive,
     head_dim_overrides,
     server_args,
 )
-from ocrd.engines.vllm import VllmEngine
 from ocrd.errors import EngineUnavailable
-from ocrd.pipeline import EngineGate
+from ocrd.pipeline.document import EngineGate
 from ocrd.vllm_model.plugin import START_LOCK_ENV
 from ocrd.vllm_model.start_gate import RELEASED_MARK, TAKEN_MARK, WAITING_MARK
 
@@ -210,7 +211,7 @@ def test_managed_server_converts_restarts_and_closes(
 
 
 class ServerLines:
-    """Stands in for the supervisor's logger (ocrd/engines/supervised.py): keeps every
+    """Stands in for the supervisor's logger (ocrd/engines/vllm/supervised.py): keeps every
     line the servers printed, as ocrd relays them (event vllm_server)."""
 
     def __init__(self) -> None:
@@ -325,8 +326,8 @@ def test_a_receipt_is_not_queued_behind_a_manual(
 
 KILLED_PARENT = """
 import asyncio, json, os, sys
-from ocrd.config import EngineConfig
-from ocrd.engines.managed import ManagedServerEngine
+from ocrd.config.settings import EngineConfig
+from ocrd.engines.vllm.managed import ManagedServerEngine
 
 async def main():
     engine = ManagedServerEngine(EngineConfig.model_validate_json(sys.argv[1]))
@@ -345,7 +346,7 @@ def test_server_stops_when_ocrd_is_killed(
     """SIGKILL gives ocrd no chance to close(): the server must go by itself (it is told
     when its parent dies) instead of holding the GPU as an orphan."""
     cfg = managed_config(tiny_config)
-    log = tmp_path / "ocrd.log"
+    log = tmp_path / "ocrd.service.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, cfg.model_dump_json()],
                                 stdout=out, stderr=subprocess.STDOUT, env=vllm_env,

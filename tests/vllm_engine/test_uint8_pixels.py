@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers import sentence_lines, text_image  # noqa: E402
 from test_vllm_engine import noise  # noqa: E402
 
-from ocrd.config import EngineConfig  # noqa: E402
+from ocrd.config.settings import EngineConfig  # noqa: E402
 from ocrd.engines.base import PageRequest  # noqa: E402
-from ocrd.engines.vllm import VllmEngine  # noqa: E402
+from ocrd.engines.vllm.inprocess import VllmEngine  # noqa: E402
 from ocrd.vllm_model import dsocr2_pixels, plugin  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -138,7 +138,7 @@ def test_environment_for_the_engines_ocrd_starts() -> None:
     assert env(True)[plugin.PIXELS_ENV] == "uint8"  # the default
     assert env(True, None, False)[plugin.PIXELS_ENV] == "float"
     assert env(False)[plugin.PIXELS_ENV] == "float"  # vLLM's own class: its own views
-    from ocrd.engine_config import VllmConfig
+    from ocrd.config.engine import VllmConfig
 
     assert VllmConfig().uint8_pixels is True
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import PageOutput, PageRequest
 from ocrd.engines.deepseek_ocr2 import attempt_settings
-from ocrd.engines.vllm import VllmEngine
+from ocrd.engines.vllm.inprocess import VllmEngine
 from ocrd.errors import EngineUnavailable
 
 pytestmark = pytest.mark.vllm

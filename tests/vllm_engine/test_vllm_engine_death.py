@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import PageRequest
-from ocrd.engines.vllm import VllmEngine
+from ocrd.engines.vllm.inprocess import VllmEngine
 from ocrd.errors import EngineDead
 
 pytestmark = pytest.mark.vllm

@@ -19,11 +19,11 @@ import pytest
 from PIL import Image
 from serve import SERVED_NAME, VllmServer  # noqa: E402
 
-from ocrd.config import EngineConfig
+from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import PageOutput, PageRequest
 from ocrd.engines.deepseek_ocr2 import PROMPTS
 from ocrd.engines.remote import RemoteEngine
-from ocrd.engines.vllm import VllmEngine
+from ocrd.engines.vllm.inprocess import VllmEngine
 from ocrd.errors import EngineUnavailable
 
 pytestmark = pytest.mark.vllm

@@ -54,7 +54,7 @@ def build(out: Path, vision_dim: int = TINY_VISION_DIM) -> Path:
     assert padded_vocab == vocab_size, "every row of the embedding must be a real token"
     # DeepSeek-OCR-2's language model is DeepSeek-3B-MoE with plain multi-head attention
     # (no MLA): the same zero qk_*_head_dim fields as the real checkpoint, which is what
-    # makes transformers 5 report head_dim 0 (see ocrd/engines/vllm.py).
+    # makes transformers 5 report head_dim 0 (see ocrd/engines/vllm/inprocess.py).
     language_config = {
         "architectures": ["DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v2",

@@ -1,0 +1,2 @@
+"""Configuration: the typed settings, where they are read from, and the folder layout they
+describe."""

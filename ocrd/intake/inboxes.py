@@ -1,0 +1,481 @@
+"""The inboxes the daemon watches: each one's state, the add/change/remove diff of a
+reload, and what scans and inotify hints show in them.
+
+A reload changes an inbox in place (its settings, ignore rules, watch mode and readiness
+periods): the files it has claimed and queued keep going. An inbox removed by a reload
+stops taking files; what it had claimed still converts.
+
+Every folder of an inbox is reached through its pinned root (roots.py). An inbox one of
+whose folders is not the one pinned (a link now, another folder, gone) takes no files
+(`blocked`) and says so in one line, until the folder is back or a reload pins anew.
+Scans run beside the intake loop, one at a time per inbox, never holding it up; an
+inotify observer that lost a thread is replaced, and after repeated losses the inbox is
+polled instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from ocrd.config.roots import MISSING, Roots
+from ocrd.config.settings import InboxConfig
+from ocrd.intake.readiness import Tracker
+from ocrd.intake.watch import (
+    MAX_DEPTH,
+    WORK_DIR_NAME,
+    Entry,
+    Ignore,
+    Observers,
+    entry_for,
+    scan,
+    watch_method,
+)
+from ocrd.outputs import destinations as outbox
+from ocrd.safefs import Dir
+from ocrd.service.conditions import Conditions
+
+log = structlog.get_logger("ocrd.intake.inboxes")
+
+OWNER_FILE = ".owner"
+# how often each inbox's folders are compared with their pins
+FOLDER_CHECK_SECONDS = 1.0
+# observers that may die within WATCH_RESTART_WINDOW before the inbox is polled instead
+WATCH_RESTARTS = 3
+WATCH_RESTART_WINDOW = 600.0
+
+
+@dataclass
+class Inbox:
+    cfg: InboxConfig
+    ignore: Ignore
+    tracker: Tracker
+    watch: str  # inotify | polling
+    instance: str
+    perms: outbox.Perms
+    roots: Roots
+    next_scan: float = 0.0
+    available: bool = True
+    removed: bool = False  # taken out by a reload: no new claims
+    paused_until: float = 0.0  # a destination failed: no new claims until then
+    # a folder of the inbox is not the one pinned: why, for people; no new claims
+    blocked: str | None = None
+    readable: bool = True  # the inbox folder itself is the one pinned: it may be scanned
+    next_folder_check: float = 0.0
+    scanning: asyncio.Task | None = None
+    checking: asyncio.Task | None = None  # a look at its folders, in a thread
+    watch_deaths: list[float] = field(default_factory=list)  # monotonic times
+    # originals put back after conversion (on_success: keep): (relpath, size, mtime_ns)
+    kept: set[tuple[str, int, int]] = field(default_factory=set)
+    # (size, mtime_ns) of originals being put back right now, from a worker thread: the
+    # intake may see one in the inbox before it is in `kept` (and convert it again)
+    putting_back: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.cfg.path
+
+    @property
+    def work_path(self) -> Path:
+        return self.cfg.path / WORK_DIR_NAME / self.instance
+
+    def open_root(self) -> Dir:
+        """The inbox folder, the one pinned (roots.RootChanged otherwise)."""
+        return self.roots.open(self.cfg.path)
+
+    def open_destination(self, path: Path) -> Dir:
+        """One of the inbox's destinations (outbox, archive, failed), created on first
+        use; the one pinned (roots.RootChanged otherwise)."""
+        return self.roots.open(path, create=True, mode=self.perms.dir_mode)
+
+    def open_work(self, create: bool = False) -> Dir:
+        """This daemon's work area in the inbox, `.ocrd-work/<instance>/` (0700: other
+        users of a shared inbox cannot reach into claimed files)."""
+        with self.open_root() as root:
+            if not create:
+                return root.walk((WORK_DIR_NAME, self.instance))
+            with root.mkdir(WORK_DIR_NAME, self.perms.dir_mode, self.perms.gid) as work:
+                return work.mkdir(self.instance, 0o700)
+
+    def taking_files(self, now: float) -> bool:
+        return self.available and not self.removed and not self.blocked and \
+            self.paused_until <= now
+
+    @property
+    def paused_why(self) -> str | None:
+        """Why the inbox takes no files now, in one line (None: it does)."""
+        if self.blocked:
+            return self.blocked
+        if not self.available:
+            return f"the inbox folder {MISSING}"
+        if self.paused_until > time.monotonic():
+            return "a destination refused a file; ocrd tries again shortly"
+        return None
+
+    def mark_owner(self, state_dir: Path) -> None:
+        """Say in the work area whose it is, so that a later instance on this host can
+        adopt it if this one's state is lost (recovery.py)."""
+        body = json.dumps({"host": host_id(), "state_dir": str(state_dir),
+                           "instance": self.instance}).encode()
+        with self.open_work(create=True) as work:
+            outbox.write_atomic(work, OWNER_FILE, body, outbox.Perms(0o600, tag="owner"))
+
+
+def _folder_word(which: str) -> str:
+    return {"path": "inbox folder", "failed": "failed folder",
+            "archive": "archive folder"}.get(which, which)
+
+
+def host_id() -> str:
+    """This machine: its machine-id where there is one, else its host name."""
+    with contextlib.suppress(OSError):
+        ident = Path("/etc/machine-id").read_text().strip()
+        if ident:
+            return ident
+    return socket.gethostname()
+
+
+def perms_for(box: InboxConfig, instance: str) -> outbox.Perms:
+    return outbox.Perms(box.file_mode_bits, box.dir_mode_bits, box.gid, instance[:8])
+
+
+Hint = tuple[str, bool, bool]  # (path, complete (closed/moved in), is_dir)
+
+
+class Inboxes:
+    """Every inbox by path, their watches, and the hints inotify sends from its thread."""
+
+    def __init__(self, instance: str, is_kept: Callable[[Inbox, Entry], bool],
+                 roots: Roots | None = None) -> None:
+        self.instance = instance
+        self.is_kept = is_kept
+        self.roots = roots or Roots()
+        self.by_path: dict[Path, Inbox] = {}
+        self.observers = Observers(self._hint_from_thread)
+        self.hints: list[Hint] = []
+        self.wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.conditions = Conditions(log)
+        self._stopping = threading.Event()
+
+    def __iter__(self):
+        return iter(list(self.by_path.values()))
+
+    def __len__(self) -> int:
+        return len(self.by_path)
+
+    def get(self, path: Path) -> Inbox | None:
+        return self.by_path.get(path)
+
+    # -- add, change, remove --------------------------------------------------------------
+
+    def add(self, box: InboxConfig) -> Inbox:
+        watch = watch_method(box)
+        inbox = Inbox(box, Ignore(box), Tracker(box.quiet_seconds, box.incomplete_seconds,
+                                                fast_close=watch == "inotify"),
+                      watch, self.instance, perms_for(box, self.instance), self.roots)
+        self.by_path[box.path] = inbox
+        self.check_folders(inbox)
+        self._start_watch(inbox)
+        log.info("inbox_added", inbox=str(box.path), watch=inbox.watch,
+                 recursive=box.recursive, outbox=str(box.outbox))
+        return inbox
+
+    def update(self, inbox: Inbox, box: InboxConfig) -> None:
+        """New settings for an inbox that stays: its claimed files keep their place."""
+        rewatch = (box.watch, box.recursive) != (inbox.cfg.watch, inbox.cfg.recursive)
+        inbox.cfg = box
+        inbox.ignore = Ignore(box)
+        inbox.perms = perms_for(box, self.instance)
+        inbox.tracker.quiet = box.quiet_seconds
+        inbox.tracker.incomplete = box.incomplete_seconds
+        if rewatch:
+            self.observers.unwatch(box.path)
+            inbox.watch = watch_method(box)
+            inbox.tracker.fast_close = inbox.watch == "inotify"
+            self._start_watch(inbox)
+        inbox.next_scan = 0.0  # new ignore/include rules: look again now
+        log.info("inbox_changed", inbox=str(box.path), watch=inbox.watch)
+
+    def remove(self, path: Path) -> Inbox:
+        inbox = self.by_path.pop(path)
+        inbox.removed = True
+        inbox.blocked = None
+        self.observers.unwatch(path)
+        for key in self.conditions.open_keys():
+            if key[0] == path:
+                self.conditions.cleared(key)
+        log.info("inbox_removed", inbox=str(path))
+        return inbox
+
+    def reload(self, boxes: list[InboxConfig]) -> list[Inbox]:
+        """Apply a reloaded inbox list; returns the inboxes added."""
+        fresh = {b.path: b for b in boxes}
+        for path in list(self.by_path):
+            if path not in fresh:
+                self.remove(path)
+        added = []
+        for path, box in fresh.items():
+            inbox = self.by_path.get(path)
+            if inbox is None:
+                added.append(self.add(box))
+            elif box != inbox.cfg:
+                self.update(inbox, box)
+        for inbox in self:  # the folders were pinned anew
+            self.check_folders(inbox)
+            self._start_watch(inbox)
+        return added
+
+    def _start_watch(self, inbox: Inbox) -> None:
+        if inbox.watch != "inotify" or not inbox.available or not inbox.readable:
+            return
+        if not self.observers.watch(inbox.cfg):
+            inbox.watch = "polling"
+            inbox.tracker.fast_close = False
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for inbox in self:
+            for task in (inbox.scanning, inbox.checking):
+                if task is not None:
+                    task.cancel()
+        self.observers.stop()
+
+    # -- the inbox's folders against their pins -------------------------------------------
+
+    def check_folders(self, inbox: Inbox) -> None:
+        """Compare the inbox's folders with their pins now (at add and reload): block
+        the inbox while one is not the folder pinned, say so once, and go on when it
+        is back."""
+        inbox.next_folder_check = time.monotonic() + FOLDER_CHECK_SECONDS
+        self._apply_folders(inbox, self._look_at_folders(inbox.cfg))
+
+    def start_folder_checks(self, now: float) -> None:
+        """check_folders for every inbox whose turn it is (every FOLDER_CHECK_SECONDS),
+        the looking done in a thread: a share that hangs holds up nothing else."""
+        for inbox in self:
+            if now < inbox.next_folder_check or \
+                    (inbox.checking is not None and not inbox.checking.done()):
+                continue
+            inbox.next_folder_check = now + FOLDER_CHECK_SECONDS
+            inbox.checking = asyncio.create_task(self._check_beside(inbox),
+                                                 name="check-folders")
+
+    async def _check_beside(self, inbox: Inbox) -> None:
+        cfg = inbox.cfg
+        found = await asyncio.to_thread(self._look_at_folders, cfg)
+        if inbox.cfg is cfg and not inbox.removed:
+            self._apply_folders(inbox, found)
+
+    def _look_at_folders(self, box: InboxConfig) -> list[tuple[str, Path, str | None, bool]]:
+        """(which, path, why it is not usable or None, pinned) for each folder of the
+        inbox; any thread."""
+        out = []
+        for which, path in (("path", box.path), *box.destinations().items()):
+            root = self.roots.get(path)
+            why = root.problem()
+            out.append((which, path, why, root.pinned))
+        return out
+
+    def _apply_folders(self, inbox: Inbox,
+                       found: list[tuple[str, Path, str | None, bool]]) -> None:
+        box, problems, missing, readable = inbox.cfg, [], False, True
+        for which, path, why, pinned in found:
+            key = (box.path, which)
+            if which == "path" and why == MISSING:
+                missing = True  # a share not mounted: inbox_missing, as ever
+                continue
+            if why is None or (why == MISSING and not pinned):
+                # as pinned (or a destination that ocrd makes on first use)
+                if self.conditions.cleared(key):
+                    log.info("folder_back", inbox=str(box.path), folder=which,
+                             path=str(path))
+                continue
+            problems.append(f"its {_folder_word(which)} {str(path)!r} {why}")
+            readable = readable and which != "path"
+            self.conditions.met(
+                key, "folder_replaced", level="error", inbox=str(box.path), folder=which,
+                path=str(path), why=why, resolved=str(self.roots.get(path).real),
+                hint="ocrd neither reads nor writes through it: the inbox is paused until "
+                "the folder is back as it was, or `systemctl reload ocrd` accepts the "
+                "folder that is there now (never a symbolic link)")
+        if missing:
+            self._inbox_missing(inbox)
+        elif not inbox.available:
+            log.info("inbox_back", inbox=str(box.path))
+            inbox.available = True
+            inbox.next_scan = 0.0
+        if not readable and inbox.readable:
+            self.observers.unwatch(box.path)
+        inbox.blocked = "; ".join(problems) or None
+        inbox.readable = readable
+        if inbox.available and readable and not self.observers.alive(box.path):
+            self._start_watch(inbox)
+
+    def _inbox_missing(self, inbox: Inbox) -> None:
+        if inbox.available:
+            log.error("inbox_missing", inbox=str(inbox.path),
+                      hint="is the share mounted? ocrd keeps looking")
+        inbox.available = False
+        self.observers.unwatch(inbox.path)
+
+    def check_watches(self, now: float) -> None:
+        """Replace observers that lost a thread; an inbox whose observers keep dying is
+        polled instead."""
+        for path, lost in self.observers.dead().items():
+            inbox = self.by_path.get(path)
+            self.observers.unwatch(path)
+            if inbox is None:
+                continue
+            inbox.watch_deaths = [t for t in inbox.watch_deaths
+                                  if now - t < WATCH_RESTART_WINDOW] + [now]
+            inbox.next_scan = 0.0  # events may have been lost meanwhile
+            if len(inbox.watch_deaths) > WATCH_RESTARTS:
+                inbox.watch = "polling"
+                inbox.tracker.fast_close = False
+                log.error("watch_thread_died", inbox=str(path), threads=lost,
+                          then="polling", hint="its inotify watch kept failing; the inbox "
+                          "is scanned every poll_seconds instead")
+                continue
+            log.error("watch_thread_died", inbox=str(path), threads=lost, then="restarted")
+            self._start_watch(inbox)
+
+    # -- what is in them ------------------------------------------------------------------
+
+    def start_scans(self, now: float, rescan: float, poll: float,
+                    rescans: Callable[[], None]) -> None:
+        """Start the scans that are due, each beside the intake loop (never awaited by
+        it): a huge tree or a slow share costs the loop nothing."""
+        for inbox in self.due_scans(now, rescan, poll):
+            if inbox.scanning is None or inbox.scanning.done():
+                inbox.scanning = asyncio.create_task(self._scan_reporting(inbox, rescans),
+                                                     name="scan")
+
+    async def _scan_reporting(self, inbox: Inbox, rescans: Callable[[], None]) -> None:
+        try:
+            await self.scan(inbox, rescans)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the next scan tries again
+            log.exception("scan_failed", inbox=str(inbox.path), error=repr(e))
+        finally:
+            self.wake.set()
+
+    async def scan(self, inbox: Inbox, rescans: Callable[[], None]) -> None:
+        root = inbox.cfg.path
+        self._apply_folders(inbox, await asyncio.to_thread(self._look_at_folders, inbox.cfg))
+        if not inbox.available or not inbox.readable:
+            return
+        if inbox.watch == "inotify" and not self.observers.alive(root):
+            self._start_watch(inbox)
+        rescans()
+        started = time.monotonic()
+        seen_errors: set = set()
+        too_deep: list[str] = []
+
+        def on_error(folder: Path, e: OSError) -> None:
+            key = (root, "scan", str(folder), e.errno)
+            seen_errors.add(key)
+            self.conditions.met(key, "scan_error", folder=str(folder),
+                                error=e.strerror or str(e))
+
+        entries = await asyncio.to_thread(
+            lambda: list(scan(root, inbox.cfg.recursive, inbox.ignore, on_error,
+                              open_top=inbox.open_root, on_too_deep=too_deep.append,
+                              stop=self._stopping.is_set)))
+        for key in self.conditions.open_keys():
+            if key[:2] == (root, "scan") and key not in seen_errors:
+                self.conditions.cleared(key, "scan_error_gone", folder=key[2])
+        self._report_too_deep(inbox, too_deep)
+        if inbox.removed:
+            return
+        for entry in entries:
+            self.observe(inbox, entry)
+        inbox.tracker.keep_only({e.relpath for e in entries}, since=started)
+
+    def _report_too_deep(self, inbox: Inbox, folders: list[str]) -> None:
+        key = (inbox.path, "too_deep")
+        if not folders:
+            self.conditions.cleared(key, "folders_too_deep_gone", inbox=str(inbox.path))
+            return
+        self.conditions.met(key, "folders_too_deep", inbox=str(inbox.path),
+                            folders=len(folders), first=folders[0], max_depth=MAX_DEPTH,
+                            hint="folders more than max_depth levels below the inbox are "
+                            "neither scanned nor watched: their files are not converted")
+
+    def observe(self, inbox: Inbox, entry: Entry, complete: bool = False) -> None:
+        if entry.regular and self.is_kept(inbox, entry):
+            return
+        inbox.tracker.observe(entry, complete)
+
+    def _hint_from_thread(self, path: str, complete: bool, is_dir: bool) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            self._loop.call_soon_threadsafe(self._hint, path, complete, is_dir)
+
+    def _hint(self, path: str, complete: bool, is_dir: bool) -> None:
+        self.hints.append((path, complete, is_dir))
+        self.wake.set()
+
+    def apply_hints(self) -> None:
+        hints, self.hints = self.hints, []
+        for path, complete, is_dir in hints:
+            self._apply_hint(path, complete, is_dir)
+
+    def _apply_hint(self, path: str, complete: bool, is_dir: bool) -> None:
+        p = Path(path)
+        for root, inbox in self.by_path.items():
+            try:
+                rel = p.relative_to(root)
+            except ValueError:
+                continue
+            if not rel.parts or (not inbox.cfg.recursive and len(rel.parts) > 1):
+                return
+            relpath = "/".join(rel.parts)
+            if is_dir:
+                # A folder moved in with files inside produces no events for them.
+                if inbox.cfg.recursive and not inbox.ignore.ignored_part(p.name):
+                    inbox.next_scan = 0.0
+                return
+            if not inbox.ignore.wanted(relpath):
+                return
+            try:
+                with inbox.open_root() as top, top.walk(rel.parts[:-1]) as folder:
+                    st = folder.lstat(rel.parts[-1])
+            except (OSError, ValueError):
+                inbox.tracker.forget(relpath)
+                return
+            self.observe(inbox, entry_for(p, relpath, st), complete)
+            return
+
+    def next_wait(self, now: float) -> float:
+        """Seconds until the next scan or candidate is due (at most 1)."""
+        waits = [1.0] + [i.next_scan - now for i in self]
+        waits += [w for i in self if (w := i.tracker.next_wakeup()) is not None]
+        return max(0.02, min(waits))
+
+    def due_scans(self, now: float, rescan: float, poll: float) -> list[Inbox]:
+        due = []
+        for inbox in self:
+            if now >= inbox.next_scan:
+                inbox.next_scan = now + (poll if inbox.watch == "polling" else rescan)
+                due.append(inbox)
+        return due
+
+
+def remove_empty(folder: Dir, parts: tuple[str, ...]) -> None:
+    """Remove the empty folders folder/parts[0]/…/parts[-1], deepest first."""
+    for depth in range(len(parts), 0, -1):
+        try:
+            with folder.walk(parts[:depth - 1]) as parent:
+                parent.rmdir(parts[depth - 1])
+        except OSError:
+            return

@@ -1,0 +1,2 @@
+"""One document's conversion: its pages through the engine, in order, within the memory
+budget."""
