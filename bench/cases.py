@@ -246,8 +246,9 @@ def engine_saturation(engine_cfg: dict, quick: bool, label: str = "simulated",
 
 async def _render_ocrd(path: Path, pages_n: int, workers: int) -> dict:
     from ocrd.render import pages
+    from ocrd.render.pool import RenderPool
 
-    pool = pages.RenderPool(workers)
+    pool = RenderPool(workers)
     await pool.start()  # the fork server is the daemon's, once: not per page
     try:
         # as the daemon: the document's own workers (started within the timing)

@@ -87,7 +87,7 @@ def console_queries(quick: bool) -> list[Result]:
     """p95 latency of each list, page and API call over 100,000 journal rows, through the
     real server (uvicorn on its thread; the client in the same process, sharing its
     GIL, so a little pessimistic)."""
-    from ocrd.config.settings import parse_config
+    from ocrd.config.load import parse_config
     from ocrd.web import Console
 
     root = fresh("console-queries")

@@ -99,7 +99,7 @@ def build_index(state_dir: Any, inbox: str, pages: int) -> dict:
 def search_queries(quick: bool) -> list[Result]:
     """p95 of each kind of query over a 100,000-page index, through the real server (the
     page and the API), the client in the same process."""
-    from ocrd.config.settings import parse_config
+    from ocrd.config.load import parse_config
     from ocrd.web import Console
 
     root = fresh("search-queries")

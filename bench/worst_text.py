@@ -137,8 +137,9 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
     from ocrd.config.settings import Config
     from ocrd.engines import create_engine
     from ocrd.outputs import destinations
-    from ocrd.pipeline.document import Converter, Source
-    from ocrd.render import pages
+    from ocrd.pipeline.document import Converter
+    from ocrd.pipeline.source import Source
+    from ocrd.render.pool import RenderPool
     from ocrd.work.schedule import FairSlots
 
     image = folder / "page.png"
@@ -149,7 +150,7 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
                    "max_tokens": MAX_TOKENS}})
     engine = create_engine(cfg.engine)
     await engine.start()
-    pool = pages.RenderPool(1)
+    pool = RenderPool(1)
     await pool.start()
     converter = Converter(cfg, engine, pool, FairSlots(4))
     gc.collect()  # as the daemon does once started (service.py)

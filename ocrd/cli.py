@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ocrd import __version__
 from ocrd.config import listen, secrets, source
 from ocrd.config.folders import check_folders
-from ocrd.config.settings import Config, ConfigError, load_config, parse_config
+from ocrd.config.load import load_config, parse_config
+from ocrd.config.settings import Config, ConfigError
 from ocrd.errors import REASONS, ExitCode, exit_code_for
 from ocrd.names import printable, shown
 from ocrd.outputs.records import iso, local_time
@@ -421,7 +422,7 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
     from ocrd.engines import create_engine
     from ocrd.pipeline.batch import Batch, Outcome
     from ocrd.pipeline.document import Converter
-    from ocrd.render import pages
+    from ocrd.render.pool import RenderPool
     from ocrd.work.schedule import FairSlots
 
     engine = create_engine(cfg.engine)
@@ -430,7 +431,7 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
     except errors.EngineDead as e:
         print(f"ocrd: the engine cannot start: {e}", file=sys.stderr)
         return [Outcome(job, errors.EngineFailed(str(e))) for job in jobs]
-    pool = pages.RenderPool(cfg.render.workers)
+    pool = RenderPool(cfg.render.workers)
     slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
     converter = Converter(cfg, engine, pool, slots)
     progress.start()

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ocrd import names
-from ocrd.config.settings import Config, parse_config
+from ocrd.config.load import parse_config
+from ocrd.config.settings import Config
 from ocrd.web import Console
 from ocrd.work.journal import Journal
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from test_remote_engine import FakeVllm
 
-from ocrd.vllm_model import start_gate
+from ocrd.vllm_model import plugin, start_gate
 
 CHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
 
@@ -133,7 +133,7 @@ async def main() -> None:
     if exit_on is not None and os.environ.get("CUDA_VISIBLE_DEVICES") == exit_on:
         print("ERROR fake vllm serve: no usable GPU", flush=True)
         sys.exit(3)
-    gate = os.environ.get(start_gate.ENV)
+    gate = os.environ.get(plugin.START_LOCK_ENV)
     if gate:
         size_memory_at_the_gate(gate)
     server = FakeServe(latency=float(os.environ.get("FAKE_VLLM_LATENCY", "0.2")),

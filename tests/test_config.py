@@ -13,7 +13,8 @@ from pydantic.fields import FieldInfo
 
 from ocrd.config import reference as configdoc
 from ocrd.config.check import is_internal, section_model
-from ocrd.config.settings import Config, ConfigError, load_config, parse_config
+from ocrd.config.load import load_config, parse_config
+from ocrd.config.settings import Config, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

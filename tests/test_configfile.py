@@ -20,7 +20,8 @@ from helpers import free_port, make_pdf, sentence_lines, wait_for
 
 from ocrd import cli
 from ocrd.config import source
-from ocrd.config.settings import ConfigError, EngineConfig, parse_config
+from ocrd.config.load import parse_config
+from ocrd.config.settings import ConfigError, EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ import pytest
 from console_site import build
 from helpers import wait_for
 
-from ocrd.config.settings import parse_config
+from ocrd.config.load import parse_config
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.waiting import waiting_files
 from ocrd.intake.watch import Entry

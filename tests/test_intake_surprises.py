@@ -13,12 +13,12 @@ import pytest
 from helpers import make_pdf, sentence_lines
 from test_records import ERROR, valid
 
-from ocrd.config.settings import parse_config
+from ocrd.config.load import parse_config
 from ocrd.intake import readiness
 from ocrd.intake.claims import Claims
 from ocrd.intake.inboxes import Inboxes
 from ocrd.intake.loop import MAX_CHECK_FAILURES, Intake
-from ocrd.render import pages
+from ocrd.render.pool import RenderPool
 from ocrd.service.metrics import Metrics
 from ocrd.work.journal import Journal
 from ocrd.work.outcomes import Outcomes
@@ -45,7 +45,7 @@ def test_fake_bug_in_a_check_fails_the_file_as_internal_error(
         journal = Journal(tmp_path / "state" / "journal.sqlite3")
         inboxes = Inboxes("b" * 32, is_kept=lambda *_: False)
         box = inboxes.add(cfg.inboxes[0])
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         submitted: list = []
         engine_open = asyncio.Event()
         engine_open.set()

@@ -19,7 +19,8 @@ from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrd import cli
-from ocrd.config.settings import ConfigError, parse_config
+from ocrd.config.load import parse_config
+from ocrd.config.settings import ConfigError
 from ocrd.service.metrics import HealthServer, ListenError, Metrics
 from ocrd.service.systemd import Notifier
 

@@ -34,7 +34,7 @@ from ocrd.engines.vllm import supervised
 from ocrd.engines.vllm.managed import ManagedServerEngine, plan_servers, server_args
 from ocrd.engines.vllm.supervised import group_alive
 from ocrd.errors import EngineDead, EngineUnavailable
-from ocrd.pipeline.document import EngineGate
+from ocrd.pipeline.pages import EngineGate
 from ocrd.vllm_model import plugin, start_gate
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fake_vllm_serve.py")]

@@ -27,8 +27,9 @@ from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.outputs import destinations, modeltext
 from ocrd.outputs.markdown import PageMarkdown
 from ocrd.outputs.modeltext import clean, inert_markdown
-from ocrd.pipeline.document import Converter, Source
-from ocrd.render import pages
+from ocrd.pipeline.document import Converter
+from ocrd.pipeline.source import Source
+from ocrd.render.pool import RenderPool
 from ocrd.web import render
 from ocrd.work.schedule import FairSlots
 
@@ -204,7 +205,7 @@ def convert(tmp_path: Path, engine: Engine) -> Path:
     out = tmp_path / "out"
 
     async def run() -> None:
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         converter = Converter(cfg, engine, pool, FairSlots(2))
         fd = os.open(pdf, os.O_RDONLY)
         try:

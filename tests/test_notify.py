@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, drop, make_pdf, sentence_lines, wait_for
 
-from ocrd.config.settings import parse_config
+from ocrd.config.load import parse_config
 from ocrd.service import daemon as service
 
 pytestmark = pytest.mark.e2e

@@ -12,6 +12,7 @@ from PIL import Image
 
 from ocrd import errors
 from ocrd.render import pages
+from ocrd.render.pool import RenderPool
 
 LIMITS = {"dpi": 144, "max_pages": 50, "max_bytes": 10**9, "max_pixels": 50_000_000}
 
@@ -131,7 +132,7 @@ def test_oversized_pdf_page_is_rendered_smaller_not_refused(tmp_path: Path) -> N
 
 def test_render_pool_survives_a_crashing_worker(tmp_path: Path) -> None:
     async def main() -> None:
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         await pool.start()
         try:
             with pytest.raises(errors.RenderFailed, match="crashed"):
@@ -157,9 +158,9 @@ def test_render_workers_die_with_the_daemon(tmp_path: Path) -> None:
     script = tmp_path / "pool.py"
     script.write_text(
         "import asyncio, os, sys\n"
-        "from ocrd import pages\n"
+        "from ocrd.render.pool import RenderPool\n"
         "async def main():\n"
-        "    pool = pages.RenderPool(2)\n"
+        "    pool = RenderPool(2)\n"
         "    await pool.start()\n"
         "    pids = await asyncio.gather(*(pool.call(os.getpid) for _ in range(8)))\n"
         "    print(' '.join(str(p) for p in set(pids)), flush=True)\n"

@@ -27,7 +27,8 @@ from test_configfile import write_config
 from test_remote_engine import FakeVllm, config, fast_backoff, page  # noqa: F401
 
 from ocrd import cli
-from ocrd.config.settings import ConfigError, EngineConfig, parse_config
+from ocrd.config.load import parse_config
+from ocrd.config.settings import ConfigError, EngineConfig
 from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.vllm.managed import ManagedServerEngine
 from ocrd.errors import EngineUnavailable

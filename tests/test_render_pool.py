@@ -14,20 +14,22 @@ from PIL import Image
 
 from ocrd import errors
 from ocrd.render import pages
+from ocrd.render import pixels as pagepixels
+from ocrd.render.pool import RenderPool
 
 MAX_PIXELS = 50_000_000
 
 
 def shared_files() -> set[str]:
     """This process's page files (other daemons on the machine have their own)."""
-    mine = f"{pages.SHARED_PREFIX}{os.getpid()}-"
+    mine = f"{pagepixels.SHARED_PREFIX}{os.getpid()}-"
     try:
-        return {n for n in os.listdir(pages.SHARED_DIR) if n.startswith(mine)}
+        return {n for n in os.listdir(pagepixels.SHARED_DIR) if n.startswith(mine)}
     except FileNotFoundError:
         return set()
 
 
-@pytest.mark.skipif(not pages._shared_dir_usable(), reason="no writable /dev/shm")
+@pytest.mark.skipif(not pagepixels._shared_dir_usable(), reason="no writable /dev/shm")
 def test_pool_pages_equal_in_process_pages_and_leave_no_files(tmp_path: Path) -> None:
     pdf = make_pdf(tmp_path / "a.pdf", [sentence_lines(i, 6) for i in range(6)])
     img_path = tmp_path / "photo.png"
@@ -35,7 +37,7 @@ def test_pool_pages_equal_in_process_pages_and_leave_no_files(tmp_path: Path) ->
     before = shared_files()
 
     async def scenario() -> tuple[list[pages.RenderedPage], pages.RenderedPage]:
-        pool = pages.RenderPool(2)
+        pool = RenderPool(2)
         await pool.start()
         try:
             info = await pool.call(pages.probe, str(pdf), 144, 50, 10**9, MAX_PIXELS)
@@ -83,7 +85,7 @@ def test_a_worker_starts_clean_for_each_file() -> None:
     real = Path(__file__).resolve().parent / "real_files"
 
     async def scenario() -> None:
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         await pool.start()
         try:
             for _ in range(2):  # and back again: each file's turn starts clean
@@ -105,7 +107,7 @@ def test_a_crash_fails_only_the_call_that_crashed() -> None:
     """A worker that crashes breaks every call of the pool; the calls it took down with
     it (another file's here) are tried again alone and succeed, the crashing one fails."""
     async def scenario() -> None:
-        pool = pages.RenderPool(2)
+        pool = RenderPool(2)
         await pool.start()
         try:
             async with pool.document() as a, pool.document() as b:
@@ -123,7 +125,7 @@ def test_a_crash_fails_only_the_call_that_crashed() -> None:
 
 def test_an_unexpected_exception_in_a_worker_is_an_internal_error_with_its_traceback() -> None:
     async def scenario() -> errors.InternalError:
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         try:
             with pytest.raises(errors.InternalError) as e:
                 await pool.call(int, "not a number")

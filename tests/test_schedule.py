@@ -20,10 +20,11 @@ import pytest
 from PIL import Image
 
 from ocrd import safefs
-from ocrd.config.settings import parse_config
+from ocrd.config.load import parse_config
 from ocrd.engines.base import Engine, PageOutput, PageRequest
 from ocrd.outputs import destinations
-from ocrd.pipeline.document import Converter, Source
+from ocrd.pipeline.document import Converter
+from ocrd.pipeline.source import Source
 from ocrd.render import pages
 from ocrd.work.schedule import FairSlots, Scheduler
 

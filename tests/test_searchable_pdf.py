@@ -294,7 +294,7 @@ def convert_remote(tmp: Path, files: list[Path], text: str,
     from test_remote_engine import MODEL, FakeVllm
 
     from ocrd.cli import _convert
-    from ocrd.config.settings import parse_config
+    from ocrd.config.load import parse_config
     from ocrd.pipeline.batch import jobs_for
     from ocrd.pipeline.progress import Progress
 
@@ -469,7 +469,8 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
 
 
 def test_pdf_settings_are_checked() -> None:
-    from ocrd.config.settings import ConfigError, parse_config
+    from ocrd.config.load import parse_config
+    from ocrd.config.settings import ConfigError
 
     def inbox(**fields: Any) -> dict:
         return {"state_dir": "/tmp/s", "inboxes": [{"path": "/tmp/i", "outbox": "/tmp/o",

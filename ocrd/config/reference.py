@@ -25,7 +25,7 @@ from pydantic_core import PydanticUndefined
 from ocrd.config.check import field_at, is_internal, public_choices, section_model
 from ocrd.config.settings import BUILTIN_IGNORE, Config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = Path("docs/configuration.md")
 EXAMPLE = Path("config.example.yaml")
 WIDTH = 88

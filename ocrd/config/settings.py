@@ -1,28 +1,23 @@
 """Typed configuration, read from YAML and validated with pydantic.
 
 Each key's text is written once, in its `description` (docs/configuration.md and
-config.example.yaml are generated from it: configdoc.py). Unknown keys are errors (a typo
-must not be silently ignored); configcheck.py finds every problem at once and names each
-key and value. The `engine:` section's models live in engine_config.py.
+config.example.yaml are generated from it: reference.py). Unknown keys are errors (a typo
+must not be silently ignored); check.py finds every problem at once and names each key
+and value; load.py reads a file. The `engine:` section's models live in engine.py.
 """
 
 from __future__ import annotations
 
 import grp
 import ipaddress
-import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from ocrd.config import listen
 from ocrd.config.engine import EngineConfig, _Strict, key_problem
-
-if TYPE_CHECKING:
-    from ocrd.config.check import Checked
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
 # scanner temp files. Matched against each path component (fnmatch, case-insensitive).
@@ -377,39 +372,3 @@ def default_state_dir(base: Path) -> Path:
     """state_dir for a config file in `base` that leaves it out."""
     etc = Path("/etc")
     return SERVICE_STATE_DIR if base == etc or etc in base.parents else base / "state"
-
-
-def parse_config(data: Any, base: Path) -> Config:
-    """The configuration in `data` (paths relative to `base`); ConfigError with every
-    problem found, one per line, when there is any."""
-    from ocrd.config.check import check
-
-    return check(data, base).config_or_raise()
-
-
-def read_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Checked:
-    """Every problem of the config file at `path`, and what of it is usable;
-    `defaults` fill keys the file leaves out (for commands that do not need them).
-    ConfigError when the file cannot be read as YAML at all."""
-    from ocrd.config.check import check
-
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
-    except OSError as e:
-        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
-    if defaults and isinstance(data, dict):
-        data = {**defaults, **data}
-    return check(data, p.resolve().parent)
-
-
-def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
-    """The config in the file at `path` (see read_config); ConfigError with every
-    problem when there is any."""
-    return read_config(path, defaults).config_or_raise()

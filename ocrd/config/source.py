@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocrd.config.check import Checked
-from ocrd.config.settings import Config, ConfigError, read_config
+from ocrd.config.load import read_config
+from ocrd.config.settings import Config, ConfigError
 
 ENV = "OCRD_CONFIG"
 # A module constant, read at each call, so that tests can point it elsewhere.

@@ -27,6 +27,7 @@ from ocrd.intake.inboxes import Inbox, Inboxes
 from ocrd.intake.readiness import Candidate
 from ocrd.intake.watch import Entry, entry_for
 from ocrd.render import pages
+from ocrd.render.pool import RenderPool
 from ocrd.render.resolution import ESTIMATE_DPI
 from ocrd.service.conditions import Conditions
 from ocrd.work.journal import JournalUnwritable
@@ -41,7 +42,7 @@ MAX_CHECK_FAILURES = 3
 
 class Intake:
     def __init__(self, cfg: Config, inboxes: Inboxes, claims: Claims,
-                 probe_pool: pages.RenderPool, submit: Callable[[Item], None],
+                 probe_pool: RenderPool, submit: Callable[[Item], None],
                  engine_open: asyncio.Event, metrics: Any,
                  loop_turned: Callable[[], None]) -> None:
         self.cfg = cfg

@@ -14,7 +14,7 @@ from ocrd.names import shown
 from ocrd.web.live import ConvertingFile, WaitingFile
 
 if TYPE_CHECKING:
-    from ocrd.pipeline.document import DocProgress
+    from ocrd.pipeline.source import DocProgress
 
 # readiness reasons that end in failed/ once the file stays unchanged long enough
 _FAILS_LATER = {"empty": "empty", "truncated": "truncated (incomplete)"}

@@ -144,7 +144,7 @@ class Batch:
             os.close(fd)
 
     async def _convert_open(self, job: Job, fd: int, t0: float) -> Outcome:
-        from ocrd.pipeline.document import Source
+        from ocrd.pipeline.source import Source
 
         src = Source(fd, job.name, prompt_mode=self.args.prompt)
         try:

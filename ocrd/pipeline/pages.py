@@ -1,7 +1,9 @@
-"""The pages of one document through the engine (the converter's inner loop): each page
-is rendered ahead within `render.lookahead` and the memory budget, waits for a fair slot
-in the engine, and its output becomes the page's result (Markdown, figures, sidecar
-facts, searchable-PDF text). One `DocumentPages` per document being converted.
+"""A page's way to the engine, and back: each page of a document is rendered ahead within
+`render.lookahead` and the memory budget, waits for a fair slot in the engine and for
+the engine's gate (closed while the engine is unavailable), is sent (retried on the
+engine's failures, up to `schedule.page_retries`), and its output becomes the page's
+result (Markdown, figures, sidecar facts, searchable-PDF text). One `DocumentPages` per
+document being converted; what all documents share (`Shared`) is the converter's.
 
 A page that cannot be rendered costs that page, not the document: it is kept as a
 degraded page ("unreadable", with the renderer's reason) and the others go on. Only a
@@ -11,27 +13,93 @@ document none of whose pages renders fails, with its first page's reason.
 from __future__ import annotations
 
 import asyncio
+import io
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
 
 from ocrd import errors
-from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.outputs import modeltext
 from ocrd.pipeline import budget
 from ocrd.render import pages
 from ocrd.render import pixels as pagepixels
 
 if TYPE_CHECKING:
+    from ocrd.config.settings import Config
     from ocrd.outputs import searchable_pdf
-    from ocrd.pipeline.document import Converter, Source, Staging
+    from ocrd.outputs.assets import Staging
+    from ocrd.outputs.markdown import PageMarkdown
+    from ocrd.pipeline.source import DocProgress, Source
     from ocrd.render.pool import DocumentWorkers
+    from ocrd.render.resolution import Resolution
+    from ocrd.service.systemd import Liveness
+    from ocrd.work.schedule import FairSlots
+
+log = structlog.get_logger("ocrd.pipeline.pages")
 
 # Failures of the whole file, whichever page meets them first.
 FILE_FAILURES = (errors.Encrypted, errors.TooLarge, errors.TooManyPages)
 
 
+class EngineGate:
+    """Open while the engine takes work. A page that meets EngineUnavailable closes it
+    and waits; one prober polls the engine's health with backoff and reopens it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.open = asyncio.Event()
+        self.open.set()
+        self.closed = asyncio.Event()  # the other way round, for whoever waits for that
+        self._prober: asyncio.Task | None = None
+
+    async def wait(self, why: Exception) -> None:
+        if self.open.is_set():
+            log.warning("engine_unavailable", error=str(why))
+            self.open.clear()
+            self.closed.set()
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._probe(), name="engine-prober")
+        await self.open.wait()
+
+    async def _probe(self) -> None:
+        delay = 0.5
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                if await self.engine.health():
+                    log.info("engine_available")
+                    self.closed.clear()
+                    self.open.set()
+                    return
+            except Exception as e:  # noqa: BLE001 - any failure means "not yet"
+                log.debug("engine_health_failed", error=str(e))
+            delay = min(delay * 2, 5.0)  # a health check is cheap; a waiting page is not
+
+
+class Shared(Protocol):
+    """What the pages of all documents share, held by the converter (document.py): the
+    engine, its gate and slots, the memory budget, and the count of pages on their way."""
+
+    cfg: Config
+    engine: Engine
+    gate: EngineGate
+    liveness: Liveness | None
+    metrics: Any
+    resolution: Resolution
+    memory: budget.MemoryBudget
+    slots: FairSlots
+    documents: dict[int, DocProgress]
+    pending: int
+
+    def progressed(self) -> None: ...
+
+
 class DocumentPages:
-    def __init__(self, conv: Converter, workers: DocumentWorkers, src: Source,
+    def __init__(self, conv: Shared, workers: DocumentWorkers, src: Source,
                  info: pages.DocInfo, staging: Staging, assets_link: str, blog: Any,
                  pdf: searchable_pdf.SearchablePdf | None) -> None:
         self.conv, self.workers = conv, workers
@@ -65,7 +133,7 @@ class DocumentPages:
         """The page left the look-ahead (it is in the engine, or it ended)."""
         self.ahead.release()
         self.conv.pending -= 1
-        self.conv._progress()
+        self.conv.progressed()
 
     async def _render(self, i: int) -> pages.RenderedPage:
         conv = self.conv
@@ -117,9 +185,8 @@ class DocumentPages:
             self.unfinished -= 1
             if (doc := conv.documents.get(id(self.src))) is not None:
                 doc.done += 1
-            self.results[i] = await conv._page_result(i, out,
-                                                      kept[0].to_image if kept else None, size,
-                                                      render_s, self.staging, self.assets_link)
+            self.results[i] = await self._result(i, out, kept[0].to_image if kept else None,
+                                                 size, render_s)
             if self.pdf is not None:  # its text layer, from the engine's geometry
                 self.pdf.page(i, out, size.width, size.height)
             self.blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
@@ -136,7 +203,7 @@ class DocumentPages:
         if not isinstance(e, errors.PageTooSmall):
             self.lost[i] = e
             self.blog.warning("page_unreadable", page=i + 1, reason=e.reason, error=str(e))
-        self.results[i] = self.conv._page_without_image(i, e, render_s)
+        self.results[i] = self._without_image(i, e, render_s)
 
     def _request(self, i: int, page: pages.RenderedPage, kept: list[Any],
                  priority: int = 0) -> PageRequest:
@@ -161,12 +228,110 @@ class DocumentPages:
         if conv.metrics:
             conv.metrics.pages_in_flight.inc()
         try:
-            return await conv._ocr(request, i + 1, self.blog)
+            return await self._ocr(request, i + 1)
         finally:
             conv.slots.release(self.doc_key)
-            conv._progress()
+            conv.progressed()
             if conv.metrics:
                 conv.metrics.pages_in_flight.dec()
+
+    async def _ocr(self, request: Callable[[], Awaitable[PageRequest]], page_no: int
+                   ) -> PageOutput:
+        """The engine's output for one page; `request()` gives the page's request (the
+        rendered one first, a fresh one for each retry)."""
+        conv = self.conv
+        sched = conv.cfg.schedule
+        failures = 0
+        while True:
+            await conv.gate.open.wait()
+            # Held in a list and popped into the call, so that no local variable of
+            # this frame keeps the page image alive while the engine works on it.
+            page = [await request()]
+            try:
+                if conv.liveness is not None:
+                    conv.liveness.page_sent()
+                try:
+                    async with asyncio.timeout(sched.page_timeout_seconds):
+                        return await conv.engine.ocr(page.pop())
+                finally:
+                    if conv.liveness is not None:
+                        conv.liveness.page_back()
+            except errors.EngineUnavailable as e:
+                await conv.gate.wait(e)
+            except (errors.EngineDead, asyncio.CancelledError):
+                raise
+            except Exception as e:  # noqa: BLE001 - the engine's failure, counted per page
+                failures += 1
+                detail = "timed out" if isinstance(e, TimeoutError) else f"{e}"
+                self.blog.warning("page_engine_error", page=page_no, attempt=failures,
+                                  error=detail or type(e).__name__)
+                if failures > sched.page_retries:
+                    raise errors.EngineFailed(
+                        f"page {page_no}: the engine failed {failures} times "
+                        f"(last: {detail or type(e).__name__})") from None
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** failures))
+
+    async def _result(self, i: int, out: PageOutput, image: Any,
+                      rendered: pages.RenderedPage, render_s: float) -> dict:
+        figures: list[str] = []
+        pm = await asyncio.to_thread(self._markdown, out, image, i + 1)
+        md, malformed = pm.markdown, pm.malformed
+        for fig in pm.figures:
+            await asyncio.to_thread(self.staging.add, fig.name, _png(fig.image))
+            figures.append(fig.name)
+        status = "ok"
+        if out.degraded:
+            status = "degraded"
+        elif not md.strip():
+            status = "blank"
+        if self.conv.metrics:
+            self.conv.metrics.pages.labels(status).inc()
+            self.conv.metrics.page_seconds.observe(out.seconds)
+        return {
+            "page": i + 1,
+            "status": status,
+            "degraded": out.degraded,
+            "finish_reason": out.finish_reason,
+            "tokens": out.tokens,
+            "prompt_tokens": out.prompt_tokens,
+            "attempts": out.attempts,
+            "malformed_output": malformed,
+            "width": rendered.width,
+            "height": rendered.height,
+            "dpi": round(rendered.dpi, 2) if rendered.dpi else None,
+            "rotation": out.rotation,
+            "render_seconds": round(render_s, 4),
+            "engine_seconds": round(out.seconds, 4),
+            "started_at": out.started_at,
+            "finished_at": out.finished_at,
+            "figures": figures,
+            "markdown": md,
+        }
+
+    def _without_image(self, i: int, e: errors.OcrdError, render_s: float) -> dict:
+        """The result of a page that has no image to read: blank for a page too small
+        to hold text, else degraded ("unreadable") with the renderer's reason."""
+        status = "blank" if isinstance(e, errors.PageTooSmall) else "degraded"
+        if self.conv.metrics:
+            self.conv.metrics.pages.labels(status).inc()
+        return {
+            "page": i + 1, "status": status,
+            "degraded": None if status == "blank" else "unreadable",
+            "finish_reason": None, "tokens": None, "prompt_tokens": None, "attempts": 0,
+            "malformed_output": False, "width": None, "height": None, "dpi": None,
+            "rotation": None, "render_seconds": round(render_s, 4), "engine_seconds": 0.0,
+            "started_at": None, "finished_at": None, "figures": [], "markdown": "",
+            "message": str(e),
+        }
+
+    def _markdown(self, out: PageOutput, image: Any, page_no: int) -> PageMarkdown:
+        """The engine's text, cleaned once, here where it enters the document (the
+        sidecar, the Markdown and the PDF's text layer all take it from `out`), and made
+        the page's Markdown. Work for a thread: a page's text may be long."""
+        out.text = modeltext.clean(out.text)
+        if out.words:
+            out.words = [replace(w, text=modeltext.clean(w.text)) for w in out.words]
+        return self.conv.engine.page_markdown(out.text, image, page_no, self.assets_link)
 
 
 def _first(eg: BaseExceptionGroup) -> BaseException:
@@ -187,3 +352,9 @@ def _first(eg: BaseExceptionGroup) -> BaseException:
             if isinstance(e, kind):
                 return e
     return flat[0]
+
+
+def _png(image: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()

@@ -21,7 +21,6 @@ from ocrd import errors, safefs
 from ocrd.render import formats, modes, pdffaults, resolution
 from ocrd.render import pixels as pagepixels
 from ocrd.render.pixels import RenderedPage
-from ocrd.render.pool import RenderPool  # noqa: F401 - re-exported: pages.RenderPool
 from ocrd.render.resolution import Resolution
 
 # Formats accepted as images (Pillow's names). Anything else is unsupported_format.

@@ -28,13 +28,14 @@ import structlog
 
 from ocrd import __version__, errors, names
 from ocrd.config.folders import layout_problems
+from ocrd.config.load import load_config
 from ocrd.config.roots import Roots, configured
-from ocrd.config.settings import Config, ConfigError, load_config
+from ocrd.config.settings import Config, ConfigError
 from ocrd.engines import create_engine
 from ocrd.engines.base import Engine
 from ocrd.intake.inboxes import Inbox
 from ocrd.intake.waiting import converting_files, waiting_files
-from ocrd.render import pages
+from ocrd.render.pool import RenderPool
 from ocrd.service.metrics import HealthServer, Metrics
 from ocrd.service.systemd import Heartbeat, Liveness, Notifier
 from ocrd.service.wiring import Parts
@@ -61,7 +62,7 @@ class Daemon:
         self.console: Console | None = None  # the web console (ocrd/web/)
         self.heartbeat: Heartbeat | None = None
         self.state_folder: StateFolder | None = None
-        self.pools: tuple[pages.RenderPool, pages.RenderPool] | None = None
+        self.pools: tuple[RenderPool, RenderPool] | None = None
         self.parts: Parts | None = None
         # every configured folder, pinned at start and at each reload (roots.py)
         self.roots = Roots()
@@ -124,7 +125,7 @@ class Daemon:
         self.console = Console.start(cfg, LiveStatus(asyncio.get_running_loop(), self._live),
                                      self.roots)
         self.notifier.send("STATUS=starting the render workers")
-        self.pools = (pages.RenderPool(cfg.render.workers), pages.RenderPool(1, timeout=120))
+        self.pools = (RenderPool(cfg.render.workers), RenderPool(1, timeout=120))
         await asyncio.gather(*(pool.start() for pool in self.pools))
         self.engine = create_engine(cfg.engine)
         if self.engine.kind != "vllm":

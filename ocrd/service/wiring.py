@@ -15,7 +15,7 @@ from ocrd.intake.inboxes import Inboxes
 from ocrd.intake.loop import Intake
 from ocrd.outputs import destinations
 from ocrd.pipeline.document import Converter
-from ocrd.render import pages
+from ocrd.render.pool import RenderPool
 from ocrd.work.jobs import Jobs
 from ocrd.work.outcomes import Outcomes
 from ocrd.work.schedule import FairSlots, Scheduler
@@ -41,7 +41,7 @@ class Parts:
 
     @classmethod
     def build(cls, daemon: Daemon, state_folder: StateFolder, engine: Engine,
-              pools: tuple[pages.RenderPool, pages.RenderPool]) -> Parts:
+              pools: tuple[RenderPool, RenderPool]) -> Parts:
         cfg = daemon.cfg
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
         slots = FairSlots(in_flight)

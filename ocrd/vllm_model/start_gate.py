@@ -26,8 +26,6 @@ import threading
 import time
 from typing import Any
 
-from ocrd.vllm_model.plugin import START_LOCK_ENV as ENV  # noqa: F401 - its name here
-
 WAITING_MARK = "ocrd start gate: waiting"
 TAKEN_MARK = "ocrd start gate: taken"
 RELEASED_MARK = "ocrd start gate: released"

@@ -12,6 +12,8 @@ from ocrd import __version__
 from ocrd.web import actions
 from ocrd.web.auth import Guard
 from ocrd.web.context import Context
+from ocrd.web.pages import banners
+from ocrd.web.queries import LIST_STATES, search_results, waiting_list
 from ocrd.web.views import job_facts
 from ocrd.work.journal import FILTER_STATES, FileFilter
 
@@ -36,8 +38,6 @@ def status(request: Request) -> Response:
           are journal states (claimed, converting, done, failed, retried, dismissed).
           `problems` are the console's banners (a missing inbox, the engine down)."
     """
-    from ocrd.web.app import waiting_list
-    from ocrd.web.pages import banners
 
     ctx: Context = request.app.state.ctx
     guard: Guard = request.scope["state"]["guard"]
@@ -71,7 +71,6 @@ def files(request: Request) -> Response:
       200: {description: "{total, limit, offset, files: [...]} (state=waiting: waiting)"}
       400: {description: an unknown state or a bad number}
     """
-    from ocrd.web.app import LIST_STATES, waiting_list
 
     ctx: Context = request.app.state.ctx
     q = request.query_params
@@ -130,7 +129,6 @@ def search(request: Request) -> Response:
         of 1001 means more than 1000"}
       400: {description: no words, or a bad number}
     """
-    from ocrd.web.app import search_results
 
     q = request.query_params
     window = _window(request, 20)

@@ -9,7 +9,6 @@ daemon's.
 from __future__ import annotations
 
 import math
-import sqlite3
 import time
 from pathlib import Path
 from urllib.parse import urlencode
@@ -24,8 +23,8 @@ from ocrd.names import shown
 from ocrd.web import actions, api, serve
 from ocrd.web.auth import COOKIE, Guard
 from ocrd.web.context import Context
-from ocrd.web.live import Live
 from ocrd.web.pages import int_param, render
+from ocrd.web.queries import LIST_STATES, search_results, waiting_list
 from ocrd.web.search import COUNT_AT_MOST, Query
 from ocrd.web.views import job_facts, review_pages, state_of
 from ocrd.work.journal import FILTER_STATES, FileFilter
@@ -35,8 +34,6 @@ PAGE_SIZE = 50
 SEARCH_PAGE_SIZE = 20
 CHART_HOURS = 6
 CHART_BUCKET = 600  # seconds per bar
-# what the Files page filters by: the journal's states, and files not yet claimed
-LIST_STATES = ["waiting", *FILTER_STATES]
 
 
 # -- overview -----------------------------------------------------------------------------
@@ -74,13 +71,6 @@ def live_context(ctx: Context) -> dict:
         "bars": bars, "bar_max": max(bars + [0.01]), "chart_hours": CHART_HOURS,
         "bar_minutes": CHART_BUCKET // 60,
     }
-
-
-def waiting_list(live: Live | None) -> list[dict]:
-    """Files seen in the inboxes and not yet claimed, with their inbox."""
-    if live is None:
-        return []
-    return [{"inbox": box.path, **f.__dict__} for box in live.inboxes for f in box.files]
 
 
 # -- files ----------------------------------------------------------------------------------
@@ -148,33 +138,6 @@ def search(request: Request) -> Response:
                   count_at_most=COUNT_AT_MOST,
                   link=lambda n: "/search?" + urlencode({"q": text, "page": n}),
                   hidden={"q": text})
-
-
-def search_results(ctx: Context, text: str, limit: int, offset: int
-                   ) -> tuple[list[dict], int, str | None]:
-    """(hits with their file's facts, total, a sentence when nothing could be asked)."""
-    if not ctx.cfg.web.search:
-        return [], 0, "Search is turned off (web.search: false)."
-    query = Query.parse(text)
-    if not query.match:
-        return [], 0, "Type one or more words to find." if text else None
-    index = ctx.store.search_index()
-    if index is None:
-        return [], 0, "The search index is being built; try again in a moment."
-    try:
-        hits, total = index.search(query, limit, offset)
-    except sqlite3.DatabaseError:  # damaged: the indexer removes and rebuilds it
-        ctx.store.forget_search_index()
-        return [], 0, "The search index is being rebuilt; try again in a while."
-    jobs = ctx.store.journal().names_of(sorted({h.job_id for h in hits}))
-    out = []
-    for hit in hits:
-        job = jobs.get(hit.job_id)
-        if job is None:
-            continue
-        out.append({"file": job_facts(job), "page": hit.page, "snippet": hit.snippet,
-                    "review": f"/files/{job.id}?{urlencode({'q': text})}#page-{hit.page}"})
-    return out, total, None
 
 
 def review(request: Request) -> Response:

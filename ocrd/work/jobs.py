@@ -22,7 +22,8 @@ from ocrd.config.settings import Config
 from ocrd.intake.claims import Item
 from ocrd.outputs import destinations
 from ocrd.outputs.searchable_pdf import PdfSettings
-from ocrd.pipeline.document import Converter, Source
+from ocrd.pipeline.document import Converter
+from ocrd.pipeline.source import Source
 from ocrd.work.journal import Journal, JournalUnwritable
 from ocrd.work.outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
 

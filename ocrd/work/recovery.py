@@ -16,7 +16,7 @@
 
 4. Temporary files this daemon's crash left in an inbox's destinations (names carrying
    its tag, `.ocrd-tmp-<tag>-…`) are removed (`prepare_inbox`, also for an inbox a reload
-   adds), and so are page files of dead daemons in /dev/shm (pages.RenderPool.start).
+   adds), and so are page files of dead daemons in /dev/shm (render/pool.py, RenderPool.start).
 
 Each step works on one file at a time and logs what it did; a file it cannot settle is
 logged and left, never the end of the start.

@@ -19,11 +19,12 @@ from helpers import make_pdf, sentence_lines
 from test_records import SIDECAR, valid
 
 from ocrd import safefs
-from ocrd.config.settings import parse_config
+from ocrd.config.load import parse_config
 from ocrd.engines import create_engine
 from ocrd.outputs import destinations
-from ocrd.pipeline.document import Converter, Source
-from ocrd.render import pages
+from ocrd.pipeline.document import Converter
+from ocrd.pipeline.source import Source
+from ocrd.render.pool import RenderPool
 from ocrd.work.schedule import FairSlots
 
 pytestmark = [pytest.mark.reliability]
@@ -58,7 +59,7 @@ def test_a_wall_clock_step_back_fake_clock_gives_no_negative_durations(
     async def scenario() -> dict:
         engine = create_engine(cfg.engine)
         await engine.start()
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         await pool.start()
         ocr = engine.ocr
 

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from helpers import Daemon, drop, files_under, make_pdf, sentence_lines, wait_for
 
-from ocrd.config.settings import parse_config
+from ocrd.config.load import parse_config
 from ocrd.intake import inboxes as inboxes_mod
 from ocrd.intake import watch as watch_mod
 from ocrd.intake.claims import Claims
 from ocrd.intake.inboxes import Inboxes
 from ocrd.intake.loop import Intake
 from ocrd.intake.watch import MAX_DEPTH
-from ocrd.render import pages
+from ocrd.render.pool import RenderPool
 from ocrd.service.metrics import Metrics
 from ocrd.work.journal import Journal
 
@@ -187,7 +187,7 @@ def test_a_scan_that_hangs_fake_blocks_neither_the_loop_nor_other_inboxes(
 
     async def scenario() -> tuple[int, list]:
         journal = Journal(root / "state" / "journal.sqlite3")
-        pool = pages.RenderPool(1)
+        pool = RenderPool(1)
         await pool.start()
         inboxes = Inboxes("1" * 32, is_kept=lambda *_: False)
         for box in cfg.inboxes:

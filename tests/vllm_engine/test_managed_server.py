@@ -41,7 +41,7 @@ from ocrd.engines.vllm.managed import (
     server_args,
 )
 from ocrd.errors import EngineUnavailable
-from ocrd.pipeline.document import EngineGate
+from ocrd.pipeline.pages import EngineGate
 from ocrd.vllm_model.plugin import START_LOCK_ENV
 from ocrd.vllm_model.start_gate import RELEASED_MARK, TAKEN_MARK, WAITING_MARK
 

@@ -1,0 +1,45 @@
+"""Reading a configuration: from a file (`read_config`, `load_config`) or from data
+already parsed (`parse_config`), every problem found at once (check.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ocrd.config.check import Checked, check
+from ocrd.config.settings import Config, ConfigError
+
+
+def parse_config(data: Any, base: Path) -> Config:
+    """The configuration in `data` (paths relative to `base`); ConfigError with every
+    problem found, one per line, when there is any."""
+    return check(data, base).config_or_raise()
+
+
+def read_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Checked:
+    """Every problem of the config file at `path`, and what of it is usable;
+    `defaults` fill keys the file leaves out (for commands that do not need them).
+    ConfigError when the file cannot be read as YAML at all."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if defaults and isinstance(data, dict):
+        data = {**defaults, **data}
+    return check(data, p.resolve().parent)
+
+
+def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
+    """The config in the file at `path` (see read_config); ConfigError with every
+    problem when there is any."""
+    return read_config(path, defaults).config_or_raise()

@@ -1,0 +1,47 @@
+"""A document to convert (`Source`: its open file and what is known of it) and how far
+its conversion has come (`DocProgress`, what the console shows)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ocrd import safefs
+from ocrd.outputs import searchable_pdf
+from ocrd.render import pages
+
+
+@dataclass
+class Source:
+    """A document to convert: an open file (the claimed copy in the work area, or the
+    file given to `ocrd convert`), read by every stage through its descriptor."""
+
+    fd: int  # open for reading; ocrd never reopens the document by its path
+    name: str  # path shown in outputs: relative to the inbox, or as given
+    inbox: str | None = None
+    prompt_mode: str = "markdown"
+    custom_prompt: str | None = None
+    claimed_at: float = field(default_factory=time.time)
+    info: pages.DocInfo | None = None
+    sha256: str | None = None
+    order: tuple = ()  # scheduler order key (batch, cost, seq)
+    # a new version of this source path replaces the results of the old one (keep mode)
+    same_path_replaces: bool = False
+    stem: str | None = None  # the outputs' name, when not the source's own (plain names)
+    pdf: searchable_pdf.PdfSettings | None = None  # write the searchable PDF too (outputs: pdf)
+    job_id: int | None = None  # its journal row (the console links to it)
+
+    @property
+    def path(self) -> str:
+        """What render workers and poppler open: exactly this open file."""
+        return safefs.fd_path(self.fd)
+
+
+@dataclass
+class DocProgress:
+    """A document being converted, as the console shows it: page k of n."""
+
+    src: Source
+    pages: int
+    started: float  # wall time its first page was asked for
+    done: int = 0  # pages with their engine output
