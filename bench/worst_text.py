@@ -153,7 +153,7 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
     pool = RenderPool(1)
     await pool.start()
     converter = Converter(cfg, engine, pool, FairSlots(4))
-    gc.collect()  # as the daemon does once started (service.py)
+    gc.collect()  # as the daemon does once started (service/daemon.py)
     gc.freeze()
     fd = os.open(image, os.O_RDONLY)
     t0 = time.perf_counter()

@@ -113,7 +113,7 @@ def test_fs_type_reads_mountinfo() -> None:
 
 def test_moved_in_event_is_the_same_fast_path_as_close() -> None:
     """IN_MOVED_TO ("write elsewhere, then mv") arrives as a complete hint, like a
-    close-after-write: due at once on a local filesystem (watch.py's handler)."""
+    close-after-write: due at once on a local filesystem (intake/watch.py's handler)."""
     from watchdog.events import FileCreatedEvent, FileMovedEvent
 
     from ocrd.intake.watch import _Handler

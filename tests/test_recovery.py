@@ -1,4 +1,4 @@
-"""Crash recovery in-process (no daemon, no engine): each rule of recovery.py against a
+"""Crash recovery in-process (no daemon, no engine): each rule of work/recovery.py against a
 journal and work areas laid out the way a crashed run leaves them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `engine:` section of the configuration (config.py reads the whole file): which
+"""The `engine:` section of the configuration (config/settings.py reads the whole file): which
 engine, and the settings of each kind. Unknown keys are errors here too.
 
 Each key's text is written once, in its `description`: docs/configuration.md and

@@ -1,8 +1,8 @@
 """DeepSeek-OCR-2's recipe in one place: prompts, output format, sampling and engine
 settings, and the n-gram ban every request runs under (tightened by ocrd on retries).
 
-The engines that run the model — in the daemon's process (vllm.py), on a local
-`vllm serve` that ocrd supervises (managed.py), on servers elsewhere (remote.py) — take
+The engines that run the model — in the daemon's process (engines/vllm/inprocess.py), on a local
+`vllm serve` that ocrd supervises (engines/vllm/managed.py), on servers elsewhere (remote.py) — take
 all of it from here; the generic engine interface (base.py) knows none of it. The
 n-gram ban's defaults are user settings (`engine.ngram`, engine_config.NGramConfig), the
 recipe's values; the processor that applies them lives with the code vLLM loads
@@ -28,7 +28,7 @@ PROMPTS: dict[str, str] = {
 # cropped from the page image) by markdown.grounding_to_markdown (see base.Engine).
 OUTPUT_FORMAT = "grounding"
 
-# Sampling: greedy, and the special tokens kept (markdown.py needs the grounding tags).
+# Sampling: greedy, and the special tokens kept (outputs/markdown.py needs the grounding tags).
 SAMPLING: dict[str, Any] = {"temperature": 0.0, "skip_special_tokens": False}
 
 # The recipe's logits processor (n-gram ban with per-request arguments): ocrd's drop-in

@@ -1,14 +1,14 @@
 """Claiming a file: a journal row first, then one rename into this daemon's work area.
 
 The types a file passes through, and why each exists:
-  Entry      (watch.py)     what a scan or an event saw: name, size, mtime, inode
-  Candidate  (readiness.py) an entry being watched until it is ready
+  Entry      (intake/watch.py)     what a scan or an event saw: name, size, mtime, inode
+  Candidate  (intake/readiness.py) an entry being watched until it is ready
   Item       (here)         a claimed file: its journal row and its place in the work area
-  Source     (pipeline.py)  the claimed file opened for one conversion
-  Job        (journal.py)   the row that survives restarts
+  Source     (pipeline/document.py)  the claimed file opened for one conversion
+  Job        (work/journal.py)   the row that survives restarts
 
 The row is written before the rename (state `claiming`), so a crash between the two is
-settled at the next start (recovery.py). The rename works from the entry's folder
+settled at the next start (work/recovery.py). The rename works from the entry's folder
 descriptor into a fresh job folder (`.ocrd-work/<instance>/<job>/<relpath>`), so a folder
 swapped for a link is refused and two daemons on one share cannot both win. After it,
 the claimed entry is compared with what was checked: an entry swapped in between (a link

@@ -5,7 +5,7 @@ A reload changes an inbox in place (its settings, ignore rules, watch mode and r
 periods): the files it has claimed and queued keep going. An inbox removed by a reload
 stops taking files; what it had claimed still converts.
 
-Every folder of an inbox is reached through its pinned root (roots.py). An inbox one of
+Every folder of an inbox is reached through its pinned root (config/roots.py). An inbox one of
 whose folders is not the one pinned (a link now, another folder, gone) takes no files
 (`blocked`) and says so in one line, until the folder is back or a reload pins anew.
 Scans run beside the intake loop, one at a time per inbox, never holding it up; an
@@ -123,7 +123,7 @@ class Inbox:
 
     def mark_owner(self, state_dir: Path) -> None:
         """Say in the work area whose it is, so that a later instance on this host can
-        adopt it if this one's state is lost (recovery.py)."""
+        adopt it if this one's state is lost (work/recovery.py)."""
         body = json.dumps({"host": host_id(), "state_dir": str(state_dir),
                            "instance": self.instance}).encode()
         with self.open_work(create=True) as work:

@@ -32,7 +32,7 @@ class Resolution:
     dpi: float
     scan_min_dpi: float
     scan_max_dpi: float
-    # the engine reads grey: pages render grey, and 1-bit scans stay 1-bit (modes.py)
+    # the engine reads grey: pages render grey, and 1-bit scans stay 1-bit (render/modes.py)
     grey: bool = False
     # the memory budget (limits.memory_bytes; 0 = none): no page may cost more, at what
     # its engine keeps per pixel in each mode (Engine.pixel_bytes)

@@ -7,10 +7,10 @@ SIGTERM/SIGINT ask for a graceful stop (no new claims, pages in flight finish wi
 the drain timeout, the rest stay claimed for the next start); a second one forces it.
 SIGHUP reloads the inbox settings without touching the engine.
 
-The parts that do the work are made once, in `Parts.build` (parts.py), and each lives in its own
-module, in the order a file meets them: intake.py (scans, hints, the readiness check) →
-claims.py → schedule.py → jobs.py → pipeline.py → outcomes.py; recovery.py at start;
-notify.py for systemd.
+The parts that do the work are made once, in `Parts.build` (wiring.py), and each lives in
+its own module, in the order a file meets them: intake/loop.py (scans, hints, the readiness
+check) → intake/claims.py → work/schedule.py → work/jobs.py → pipeline/document.py →
+work/outcomes.py; work/recovery.py at start; service/systemd.py for systemd.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Daemon:
         self.state_folder: StateFolder | None = None
         self.pools: tuple[RenderPool, RenderPool] | None = None
         self.parts: Parts | None = None
-        # every configured folder, pinned at start and at each reload (roots.py)
+        # every configured folder, pinned at start and at each reload (config/roots.py)
         self.roots = Roots()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -136,7 +136,9 @@ class Daemon:
         if self.should_exit:
             return
         self.metrics.engine_ready.set(1)
-        self.parts = parts = Parts.build(self, state_folder, self.engine, self.pools)
+        self.parts = parts = Parts.build(
+            self.cfg, state_folder, self.engine, self.pools, metrics=self.metrics,
+            liveness=self.liveness, roots=self.roots, engine_dead=self.engine_dead)
         for box in cfg.inboxes:
             await self._prepare(parts.inboxes.add(box))
         recovery = Recovery(state_folder.journal, parts.inboxes.by_path, parts.outcomes,
@@ -157,7 +159,7 @@ class Daemon:
                  pages_in_flight=parts.slots.n, memory_budget_bytes=parts.converter.memory.total)
 
     def _pin(self, cfg: Config) -> None:
-        """Pin every configured folder as it is now (roots.py)."""
+        """Pin every configured folder as it is now (config/roots.py)."""
         for path, (old, new) in self.roots.pin(configured(cfg)).items():
             if new.real != path or not new.pinned:
                 log.info("folder_pinned", path=str(path), resolved=str(new.real),
@@ -178,7 +180,7 @@ class Daemon:
 
     async def _prepare(self, inbox: Inbox) -> None:
         """A new inbox: its work area marked as this daemon's, and what a crash of this
-        daemon left in its destinations swept away (recovery.py)."""
+        daemon left in its destinations swept away (work/recovery.py)."""
         assert self.state_folder is not None
         self._tasks.append(asyncio.create_task(asyncio.to_thread(
             prepare_inbox, inbox, self.state_folder.path), name="prepare-inbox"))
@@ -336,7 +338,7 @@ class Daemon:
     # -- liveness -----------------------------------------------------------------------
 
     def _is_live(self) -> bool:
-        """The main loop turns, and pages given to the engine come back (notify.py).
+        """The main loop turns, and pages given to the engine come back (service/systemd.py).
         Before the main loop runs (engine loading) and while stopping: live."""
         return not self.ready or self.liveness.live()
 

@@ -1,13 +1,16 @@
 """The parts that work while the daemon runs, made once, in one place (`Parts.build`),
 wired to each other there, and given a reloaded configuration in one place (`apply`).
-service.py owns their life; each part lives in its own module.
+service/daemon.py owns their life; each part lives in its own module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from ocrd import errors
+from ocrd.config.roots import Roots
 from ocrd.config.settings import Config
 from ocrd.engines.base import Engine
 from ocrd.intake.claims import Claims, Item
@@ -16,13 +19,11 @@ from ocrd.intake.loop import Intake
 from ocrd.outputs import destinations
 from ocrd.pipeline.document import Converter
 from ocrd.render.pool import RenderPool
+from ocrd.service.systemd import Liveness
 from ocrd.work.jobs import Jobs
 from ocrd.work.outcomes import Outcomes
 from ocrd.work.schedule import FairSlots, Scheduler
 from ocrd.work.state import StateFolder
-
-if TYPE_CHECKING:
-    from ocrd.service.daemon import Daemon
 
 
 @dataclass
@@ -40,32 +41,34 @@ class Parts:
     intake: Intake
 
     @classmethod
-    def build(cls, daemon: Daemon, state_folder: StateFolder, engine: Engine,
-              pools: tuple[RenderPool, RenderPool]) -> Parts:
-        cfg = daemon.cfg
+    def build(cls, cfg: Config, state_folder: StateFolder, engine: Engine,
+              pools: tuple[RenderPool, RenderPool], *, metrics: Any, liveness: Liveness,
+              roots: Roots, engine_dead: Callable[[errors.EngineDead], None]) -> Parts:
+        """The parts, wired; `metrics`, `liveness`, `roots` and `engine_dead` are the
+        daemon's (service/daemon.py), which owns their life."""
         in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
         slots = FairSlots(in_flight)
-        # output names reserved on the share too, under this daemon's tag (outbox.py)
+        # output names reserved on the share too, under this daemon's tag (outputs/destinations.py)
         reservations = destinations.Reservations(state_folder.instance[:8])
-        converter = Converter(cfg, engine, pools[0], slots, reservations, daemon.metrics,
-                              liveness=daemon.liveness)
+        converter = Converter(cfg, engine, pools[0], slots, reservations, metrics,
+                              liveness=liveness)
         parts: Parts
 
         def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first
             parts.submit(item)
 
-        outcomes = Outcomes(state_folder.journal, daemon.metrics, resubmit=submit)
-        jobs = Jobs(cfg, state_folder.journal, converter, outcomes, engine_dead=daemon.engine_dead)
+        outcomes = Outcomes(state_folder.journal, metrics, resubmit=submit)
+        jobs = Jobs(cfg, state_folder.journal, converter, outcomes, engine_dead=engine_dead)
         # Beyond max_active_documents, documents start while the engine has room (see
-        # schedule.py), at most one per page slot more.
+        # work/schedule.py), at most one per page slot more.
         scheduler = Scheduler(jobs.run, cfg.schedule.max_active_documents,
                               cfg.schedule.batch_window_seconds, room=converter.has_room,
                               room_limit=cfg.schedule.max_active_documents + in_flight)
         converter.on_progress = scheduler.poke
-        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept, roots=daemon.roots)
-        intake = Intake(cfg, inboxes, Claims(state_folder.journal, daemon.metrics), pools[1],
-                        submit, converter.gate.open, daemon.metrics,
-                        daemon.liveness.loop_turned)
+        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept, roots=roots)
+        intake = Intake(cfg, inboxes, Claims(state_folder.journal, metrics), pools[1],
+                        submit, converter.gate.open, metrics,
+                        liveness.loop_turned)
         parts = cls(state_folder, engine, slots, converter, scheduler, outcomes, jobs, inboxes,
                     intake)
         return parts

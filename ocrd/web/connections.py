@@ -9,7 +9,7 @@ of connections that send nothing must not take them.
   connection goes after uvicorn's keep-alive timeout. Off loopback the token is checked
   only after the headers: these limits come first.
 - A failing accept (no descriptor to spare) and a full console are logged when first
-  met and then at most every few minutes with a count (conditions.py), never once per
+  met and then at most every few minutes with a count (service/conditions.py), never once per
   connection.
 """
 

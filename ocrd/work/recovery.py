@@ -138,7 +138,7 @@ class Recovery:
                 return
             with work:
                 for name in sorted(work.names()):
-                    if name == KEPT_DIR:  # the share's marks of kept originals (kept.py)
+                    if name == KEPT_DIR:  # the share's marks of kept originals (work/kept.py)
                         continue
                     if name == inbox.instance or self._ours_to_adopt(work, name):
                         self._adopt_area(inbox, work, name, known)

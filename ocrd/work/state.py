@@ -1,6 +1,6 @@
 """The state folder: this daemon's instance id (naming its work area in every inbox) and
 its journal — set aside and started anew when damaged, so that a damaged journal costs a
-rebuild from the work areas (recovery.py), never a daemon that cannot start.
+rebuild from the work areas (work/recovery.py), never a daemon that cannot start.
 """
 
 from __future__ import annotations

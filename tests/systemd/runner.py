@@ -232,7 +232,7 @@ def watchdog() -> None:
         "stall_to_restarted_s": ((usec(starts[0]) if starts else t_back) - t0) / 1e6,
         "timeout_message": hit.get("MESSAGE"),
         "sigabrt": "SIGABRT" in text or "ABRT" in text,
-        "stack_shows_intake": "intake.py" in text and "_testing_stall" in text,
+        "stack_shows_intake": "intake/loop.py" in text and "_testing_stall" in text,
         "result_watchdog": "result 'watchdog'" in text,
     }
 

@@ -1,6 +1,6 @@
 """The arguments vLLM's engine gets from ocrd's config and DeepSeek-OCR-2's recipe, shared
-by the in-process engine (vllm.py: AsyncEngineArgs) and the managed server (managed.py:
-`vllm serve` flags). Nothing here imports vLLM.
+by the in-process engine (engines/vllm/inprocess.py: AsyncEngineArgs) and the managed server
+(engines/vllm/managed.py: `vllm serve` flags). Nothing here imports vLLM.
 """
 
 from __future__ import annotations

@@ -116,7 +116,8 @@ def read_model_config(model: str) -> dict | None:
 
 def head_dim_overrides(model_config: dict | None) -> dict[str, Any]:
     """`--hf-overrides` that give the language model a real head_dim when its config has
-    none (the same guard as the in-process engine's HeadDimGuard, see vllm.py), or {}."""
+    none (the same guard as the in-process engine's HeadDimGuard, see
+    engines/vllm/inprocess.py), or {}."""
     if not model_config:
         return {}
     for key in ("language_config", "text_config"):
