@@ -1,5 +1,5 @@
 """`ocrd run` as a real subprocess: the one harness that the tests (helpers.Daemon), the
-benchmarks (bench/harness.py) and the GPU benchmark (bench/gpu_daemon.py) start the
+benchmarks (bench/harness.py) and the GPU benchmark (bench/gpu/daemon.py) start the
 daemon with.
 
 The daemon runs in its own session (a stop or kill reaches its whole process group),

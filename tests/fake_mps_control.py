@@ -1,5 +1,5 @@
 """A fake `nvidia-cuda-mps-control` for the managed-server tests, with the real one's
-command line and pipe folder (bench/mps_probe.py and GPU_RESULTS.md round 11 show the
+command line and pipe folder (bench/gpu/mps_probe.py and GPU_RESULTS.md round 11 show the
 real one's files on an H200: a `control` socket, control.log in the log folder):
 
   fake_mps_control.py -f   the daemon in the foreground: listens on

@@ -170,7 +170,7 @@ def test_a_daemon_keeps_as_many_a4_pages_in_flight_as_its_engine_takes(tmp_path:
     peak does not depend on how fast this machine renders; the stop does not wait."""
     from helpers import Daemon, drop
 
-    from bench.gpu_inputs import make_pdfs
+    from bench.gpu.inputs import make_pdfs
 
     pdfs = make_pdfs(tmp_path / "pdfs", 128, 8, 1000)
     engine = {"kind": "simulated", "simulated": {

@@ -293,7 +293,7 @@ def test_a_page_carries_its_priority_to_vllm_when_asked() -> None:
     ("RGBA", (64, 65)), ("P", (50, 40)), ("1", (17, 9)), ("I;16", (20, 30))])
 def test_the_page_png_decodes_to_the_pixels_pillows_png_gave(mode: str, size: tuple) -> None:
     """ocrd writes the page's PNG itself (rows unfiltered: half the CPU of Pillow's
-    writer, bench/png_micro.py): a valid PNG (chunk CRCs checked by Pillow) that
+    writer, bench/probes/png_micro.py): a valid PNG (chunk CRCs checked by Pillow) that
     decodes to exactly the RGB pixels Pillow's own PNG of the page decoded to."""
     import random
 

@@ -1,5 +1,5 @@
 """Does `vllm serve` import on this machine? Lists every missing module in one go (each
-missing one is stubbed to find the next). Exit 1 if any. Used by bench/gpu_run.sh."""
+missing one is stubbed to find the next). Exit 1 if any. Used by bench/gpu/run.sh."""
 
 import sys
 from unittest import mock

@@ -1,16 +1,16 @@
 #!/bin/bash
 # The GPU benchmark from one command, on the GPU machine, from the repository root:
-#     bash bench/gpu_run.sh                  # managed, inproc, offline, then the report
-#     bash bench/gpu_run.sh offline          # some phases only (EXTRA="--restart" etc.)
-#     bash bench/gpu_run.sh multi [ARGS]     # bench/gpu_multi.py ARGS: 1 vs 2 servers/GPU
-#     bash bench/gpu_run.sh moe [ARGS]       # bench/moe_tune.py ARGS: fused-MoE tiles
-#     bash bench/gpu_run.sh steady [ARGS]    # bench/steady.py --gpu ARGS: fixed arrival rates
+#     bash bench/gpu/run.sh                  # managed, inproc, offline, then the report
+#     bash bench/gpu/run.sh offline          # some phases only (EXTRA="--restart" etc.)
+#     bash bench/gpu/run.sh multi [ARGS]     # bench/gpu/multi.py ARGS: 1 vs 2 servers/GPU
+#     bash bench/gpu/run.sh moe [ARGS]       # bench/gpu/moe_tune.py ARGS: fused-MoE tiles
+#     bash bench/gpu/run.sh steady [ARGS]    # bench/gpu/steady.py --gpu ARGS: fixed arrival rates
 # The machine needs Python 3.12 + torch 2.11 (CUDA 13) and the carried bundle
-# .gpu-bundle/ (bench/gpu_bundle.sh builds it where pip works): vLLM 0.24.0 and the
+# .gpu-bundle/ (bench/gpu/bundle.sh builds it where pip works): vLLM 0.24.0 and the
 # wheels that machine lacks. Results: $OUT (default /tmp/gpu-out): results_*.json,
 # log_*.txt, daemon_*.log, report.md.
 set -o pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=${GPU_BUNDLE:-.gpu-bundle}
 W=${GPU_WORK:-/root/w}
 OUTD=${OUT:-/tmp/gpu-out}
@@ -41,37 +41,37 @@ export PYTHONPATH="$W/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMER
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUTD/gpu.txt"
 echo "cores $(nproc); $(python3 -c 'import sys, torch; print(sys.version.split()[0], torch.__version__)')" \
   | tee -a "$OUTD/gpu.txt"
-python3 bench/gpu.py model --work "$W/bench" || exit 1
-python3 bench/gpu_check.py "$W/bench/model" 2>&1 | grep "SERVE CHECK" || exit 1
-if [ "${1:-}" = moe ]; then  # bench/moe_tune.py: the fused-MoE kernel's tiles for this GPU
+python3 bench/gpu/run.py model --work "$W/bench" || exit 1
+python3 bench/gpu/check.py "$W/bench/model" 2>&1 | grep "SERVE CHECK" || exit 1
+if [ "${1:-}" = moe ]; then  # bench/gpu/moe_tune.py: the fused-MoE kernel's tiles for this GPU
   shift
   t0=$(date +%s)
-  timeout --kill-after=30 "${MOE_LIMIT:-300}" python3 bench/moe_tune.py --out "$OUTD/moe" "$@" \
+  timeout --kill-after=30 "${MOE_LIMIT:-300}" python3 bench/gpu/moe_tune.py --out "$OUTD/moe" "$@" \
     > "$OUTD/log_moe.txt" 2>&1
   echo "MOE rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "^MOE|Traceback|Error" "$OUTD/log_moe.txt" | cut -c1-400 | tail -n 40
   exit 0
 fi
-if [ "${1:-}" = multi ]; then  # bench/gpu_multi.py: 1 vs 2 servers per GPU (and GPUs)
+if [ "${1:-}" = multi ]; then  # bench/gpu/multi.py: 1 vs 2 servers per GPU (and GPUs)
   shift
   t0=$(date +%s)
-  timeout --kill-after=60 "${MULTI_LIMIT:-560}" python3 bench/gpu_multi.py --work "$W/bench" \
+  timeout --kill-after=60 "${MULTI_LIMIT:-560}" python3 bench/gpu/multi.py --work "$W/bench" \
     --out "$OUTD" "$@" > "$OUTD/log_multi.txt" 2>&1
   echo "MULTI rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "^(ROW|\|)|Traceback|Error" "$OUTD/log_multi.txt" | cut -c1-900 | tail -n 30
-  python3 bench/gpu.py cleanup --work "$W/bench"
+  python3 bench/gpu/run.py cleanup --work "$W/bench"
   gzip -f "$OUTD"/daemon_multi_*.log 2>/dev/null
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   exit 0
 fi
-if [ "${1:-}" = steady ]; then  # bench/steady.py: files arriving at fixed rates
+if [ "${1:-}" = steady ]; then  # bench/gpu/steady.py: files arriving at fixed rates
   shift
   t0=$(date +%s)
-  timeout --kill-after=60 "${STEADY_LIMIT:-560}" python3 bench/steady.py --gpu --work "$W/bench" \
+  timeout --kill-after=60 "${STEADY_LIMIT:-560}" python3 bench/gpu/steady.py --gpu --work "$W/bench" \
     --out "$OUTD/steady.json" "$@" > "$OUTD/log_steady.txt" 2>&1
   echo "STEADY rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "^STEADY|Traceback|Error" "$OUTD/log_steady.txt" | cut -c1-900 | tail -n 30
-  python3 bench/gpu.py cleanup --work "$W/bench"
+  python3 bench/gpu/run.py cleanup --work "$W/bench"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   exit 0
 fi
@@ -85,10 +85,10 @@ for ph in $PHASES; do
   esac
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout --kill-after=60 "$limit" python3 bench/gpu.py "$ph" --work "$W/bench" --out "$OUTD" \
+  timeout --kill-after=60 "$limit" python3 bench/gpu/run.py "$ph" --work "$W/bench" --out "$OUTD" \
     $EXTRA > "$OUTD/log_$ph.txt" 2>&1
   echo "PHASE $ph rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "^(ROW|READY|RESTART|FRONTEND|ENGINE)|Traceback|Error" "$OUTD/log_$ph.txt" | cut -c1-600 | tail -n 25
-  python3 bench/gpu.py cleanup --work "$W/bench"
+  python3 bench/gpu/run.py cleanup --work "$W/bench"
 done
-python3 bench/gpu.py report --out "$OUTD"
+python3 bench/gpu/run.py report --out "$OUTD"

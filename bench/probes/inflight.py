@@ -1,14 +1,14 @@
 """A GPU engine's pages in flight, without a GPU: does ocrd keep as many A4 pages in
 the engine as the engine takes, and what does that cost the daemon in memory?
 
-    PYTHONPATH=$PWD .venv/bin/python bench/inflight.py [--servers 2] [--batch 256]
+    PYTHONPATH=$PWD .venv/bin/python bench/probes/inflight.py [--servers 2] [--batch 256]
         [--queue 16] [--pages 560] [--budget BYTES]
 
 `--servers` simulated `vllm serve` processes (bench/sim_server.py: ocrd's simulated
 continuous-batching engine behind vLLM's routes; pages decode for minutes, so they pile
 up) fed by the daemon's remote engine with `concurrency_per_url` = batch and
 `queue_per_url` = queue — the layout of two managed servers on an H200 (544 pages in
-flight). `--pages` A4 pages at 144 dpi (8-page PDFs, as bench/gpu_multi.py drops them)
+flight). `--pages` A4 pages at 144 dpi (8-page PDFs, as bench/gpu/multi.py drops them)
 go into the inbox at once. Prints the daemon's page slots and memory budget (its `ready`
 line), the most pages it had in the engine (its ocrd_pages_in_flight gauge, every 0.5 s)
 and the peak RSS of its process tree (daemon and render workers), in all and per page
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from helpers import Daemon, drop
 
-    from bench.gpu_inputs import make_pdfs
+    from bench.gpu.inputs import make_pdfs
 
     want = args.servers * (args.batch + args.queue)
     with tempfile.TemporaryDirectory(prefix="ocrd-inflight-") as tmp:

@@ -1,6 +1,6 @@
-"""The GPU benchmark's offline phase (bench/gpu.py offline): vLLM alone, in one engine
+"""The GPU benchmark's offline phase (bench/gpu/run.py offline): vLLM alone, in one engine
 with ocrd's fast-encoder model switched between vLLM's encoder path and ocrd's
-(`LLM.apply_model`, bench/gpu_encoder.py).
+(`LLM.apply_model`, bench/gpu/encoder.py).
 
 Rows: the encoder alone on A4-shaped inputs; `LLM.generate` of all pages at once (the
 baseline), with either encoder path; decoding text prompts (no vision side); the cost of
@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-from bench import gpu_kernels
-from bench.gpu_common import (
+from bench.gpu import kernel_profile as gpu_kernels
+from bench.gpu.common import (
     A4,
     GRID,
     NGRAM_ARGS,
@@ -32,9 +32,9 @@ from bench.gpu_common import (
     sizes,
     tiny_env,
 )
-from bench.gpu_encoder import encoder_bench, model_class, set_mode
-from bench.gpu_inputs import page_image
-from bench.gpu_measure import GpuMemory, profile_engine_core
+from bench.gpu.encoder import encoder_bench, model_class, set_mode
+from bench.gpu.inputs import page_image
+from bench.gpu.measure import GpuMemory, profile_engine_core
 
 # (encoder mode, n-gram ban, label): vLLM's encoder path first (the round-1 ceiling),
 # then ocrd's modes; bans: none, ocrd's (production), vLLM's
@@ -50,9 +50,9 @@ CEILINGS = (("stock", None, "stock_no"), ("page", None, "page_no"),
             ("padded_fused_graphs", "fast_scan", "padded_fused_graphs_ocrd_scan"),
             ("bucketed_fused_graphs", None, "bucketed_fused_graphs_no"),
             ("bucketed_fused_graphs", "fast", "bucketed_fused_graphs_ocrd"))
-# the n-gram processors of bench.gpu_lp, each acting only on requests that ask for it
-LOGITS_PROCESSORS = ["bench.gpu_lp:VllmNGramIfAsked", "bench.gpu_lp:FastNGramIfAsked",
-                     "bench.gpu_lp:OldNGramIfAsked", "bench.gpu_lp:ScanNGramIfAsked"]
+# the n-gram processors of bench.gpu.logits, each acting only on requests that ask for it
+LOGITS_PROCESSORS = ["bench.gpu.logits:VllmNGramIfAsked", "bench.gpu.logits:FastNGramIfAsked",
+                     "bench.gpu.logits:OldNGramIfAsked", "bench.gpu.logits:ScanNGramIfAsked"]
 
 
 def phase_offline(args: argparse.Namespace) -> None:

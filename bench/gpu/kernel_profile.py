@@ -1,6 +1,6 @@
 """Where a served step's GPU time goes: PyTorch's profiler (CUDA kernels only) inside
 vLLM's worker for a window of a few seconds, started and stopped through
-`LLM.apply_model` between the engine's steps (bench/gpu_offline.py, `--kernels`).
+`LLM.apply_model` between the engine's steps (bench/gpu/offline.py, `--kernels`).
 
 A window's summary: its span, the GPU's busy time (the union of the kernels' intervals:
 what is left is the GPU waiting for the engine core's thread), the steps in it (the

@@ -1,7 +1,7 @@
 """CPU cost of an A4 page's views on their way to the engine core: vLLM's float views
 against ocrd's uint8 views (ocrd/vllm_model/dsocr2_pixels.py), side by side, interleaved.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/pixels_micro.py [--rounds 5] [--pages 16]
+    PYTHONPATH=$PWD .venv/bin/python bench/probes/pixels_micro.py [--rounds 5] [--pages 16]
 
 Per A4 page at 144 dpi (a rendered text page, 2×3 tiles): the front end's processor
 (vLLM's DeepseekOCRProcessor through vLLM's processing context, its cast to bf16
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """The n-gram ban's CPU cost per request and step: ocrd's index (ocrd/vllm_model/ngram.py)
-against round 3's full window scan (bench/gpu_lp.py:FullScan), side by side.
+against round 3's full window scan (bench/gpu/logits.py:FullScan), side by side.
 
-    .venv/bin/python bench/ngram_micro.py
+    .venv/bin/python bench/probes/ngram_micro.py
 
 One request grows to 1,024 tokens, the ban is asked after every token (as the engine
 does), with the recipe's settings (30-grams, window 90). Three kinds of text: varied
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_lp import FullScan  # noqa: E402
+from bench.gpu.logits import FullScan  # noqa: E402
 from ocrd.vllm_model.ngram import NoRepeatNGram  # noqa: E402
 
 

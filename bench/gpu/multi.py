@@ -1,9 +1,9 @@
 """ocrd end to end with several managed `vllm serve` processes, rows side by side:
 
-    python bench/gpu_multi.py --work W --out OUT            # one GPU: 1 vs 2 servers
-    python bench/gpu_multi.py --gpus 2 --work W --out OUT   # + 1 GPU vs 2 GPUs, both ways
-    python bench/gpu_multi.py --tiny                        # CPU dry run, tiny model
-    bash bench/gpu_run.sh multi                             # on the GPU machine (bundle)
+    python bench/gpu/multi.py --work W --out OUT            # one GPU: 1 vs 2 servers
+    python bench/gpu/multi.py --gpus 2 --work W --out OUT   # + 1 GPU vs 2 GPUs, both ways
+    python bench/gpu/multi.py --tiny                        # CPU dry run, tiny model
+    bash bench/gpu/run.sh multi                             # on the GPU machine (bundle)
 
 Each row is a fresh `ocrd run` with its engine configuration (engine.vllm.servers_per_gpu,
 gpus, data_parallel_size), the same PDFs dropped into its inbox at once, timed from the
@@ -38,7 +38,7 @@ whole run and middle), the stop's time, processes left and GPU memory after the 
 --kill ROW kills one server of ROW (its whole process group) a third into the run: every
 page must still come out (none in failed/), and the server's restart is recorded.
 Dummy weights, full-size architecture, every page exactly T output tokens (EOS banned),
-as bench/gpu.py. Results: OUT/results_multi.json (after each row) and a table.
+as bench/gpu/run.py. Results: OUT/results_multi.json (after each row) and a table.
 """
 
 from __future__ import annotations
@@ -57,12 +57,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import gpu_common as common  # noqa: E402
-from bench import gpu_inputs as inputs  # noqa: E402
-from bench import gpu_measure as measure  # noqa: E402
-from bench.gpu_daemon import GpuDaemon, direct_http, stop_and_record  # noqa: E402
+from bench.gpu import common, inputs, measure  # noqa: E402
+from bench.gpu.daemon import GpuDaemon, direct_http, stop_and_record  # noqa: E402
 from ocrd.vllm_model.start_gate import TAKEN_MARK  # noqa: E402 - imports no vLLM
 
 ROWS_ONE = ["1gpu_x1", "1gpu_x2"]
@@ -110,7 +108,7 @@ def auto_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def row_engine(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The engine config of a row: bench/gpu.py's settings plus the row's layout."""
+    """The engine config of a row: bench/gpu/run.py's settings plus the row's layout."""
     if name in AUTO_ROWS:
         return auto_engine(name, args)
     e = common.engine_settings(args.tiny, args.model, args.max_num_seqs, args.engine_arg)

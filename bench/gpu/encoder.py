@@ -1,8 +1,8 @@
 """Run inside vLLM's engine worker (`LLM.apply_model`) by the offline phase of the GPU
-benchmark (bench/gpu_offline.py): switch ocrd's fast-encoder model between vLLM's
+benchmark (bench/gpu/offline.py): switch ocrd's fast-encoder model between vLLM's
 encoder path and ocrd's modes, and time the encoder alone on A4-shaped inputs.
 
-Loaded there by name (like bench.gpu_lp's logits processors), so it imports nothing
+Loaded there by name (like bench.gpu.logits's logits processors), so it imports nothing
 from the other bench modules.
 """
 

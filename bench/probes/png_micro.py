@@ -2,9 +2,9 @@
 PNG writer at compression level 1 (what ocrd used) against ocrd's own writer (rows left
 unfiltered, deflated at level 1), side by side, interleaved.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/png_micro.py [--rounds 7]
+    PYTHONPATH=$PWD .venv/bin/python bench/probes/png_micro.py [--rounds 7]
 
-Pages (RGB): a page of bench/gpu.py's PDFs as ocrd renders it (144 dpi: an A4 page
+Pages (RGB): a page of bench/gpu/run.py's PDFs as ocrd renders it (144 dpi: an A4 page
 image in a PDF), a rendered text page, a scan-like page (paper grain over a gradient)
 and a photo-like one. Per page: ms per encoding (median of the rounds) for each writer
 and the ratio ocrd ÷ Pillow (< 1: ocrd's faster), the bytes of each, whether the PNG
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from ocrd.engines.remote import png_bytes  # noqa: E402
 
@@ -43,7 +43,7 @@ def pages() -> dict[str, Image.Image]:
     import pypdfium2 as pdfium
     from helpers import sentence_lines, text_image
 
-    from bench import gpu_inputs
+    from bench.gpu import inputs as gpu_inputs
 
     w, h = gpu_inputs.A4
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""What the GPU benchmark's phases share (bench/gpu.py): the recipe's constants, the
+"""What the GPU benchmark's phases share (bench/gpu/run.py): the recipe's constants, the
 sizes of a GPU run and of the tiny CPU dry run, the engine settings, and how a measured
 row is printed and saved.
 """
@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PROMPT = "<image>\n<|grounding|>Convert the document to markdown. "
 A4 = (1190, 1684)  # 144 dpi
@@ -20,7 +20,7 @@ NGRAM_ARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [12882
 SERVER_PORT = 8765
 VLLM_NGRAM = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
 OCRD_NGRAM = "ocrd.vllm_model.ngram:NGramBanLogitsProcessor"  # ocrd's production default
-BAN_EOS = "bench.gpu_lp:BanEos"
+BAN_EOS = "bench.gpu.logits:BanEos"
 ENV = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1",

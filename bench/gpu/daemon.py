@@ -1,4 +1,4 @@
-"""The GPU benchmark's daemon phases (bench/gpu.py managed | inproc): ocrd's daemon with
+"""The GPU benchmark's daemon phases (bench/gpu/run.py managed | inproc): ocrd's daemon with
 a supervised local `vllm serve --api-server-count N` (managed) or the in-process engine
 (inproc), against a plain HTTP client straight to the same server (the direct
 configuration).
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_common import (
+from bench.gpu.common import (
     BAN_EOS,
     NGRAM_ARGS,
     OCRD_NGRAM,
@@ -39,8 +39,8 @@ from bench.gpu_common import (
     sizes,
     tiny_env,
 )
-from bench.gpu_inputs import data_urls, make_pdfs
-from bench.gpu_measure import (
+from bench.gpu.inputs import data_urls, make_pdfs
+from bench.gpu.measure import (
     Gauges,
     GpuMemory,
     end_sessions,

@@ -11,8 +11,8 @@ rate held, and the time from drop to Markdown is reported (p50/p95) per kind of 
 Mixes: `8` — 8-page PDFs; `receipts` — 1-page receipts and 40-page reports, half the
 pages each.
 
-    python3 bench/steady.py --rates 2,4,6 --segment 60          # simulated engine, CPU
-    bash bench/gpu_run.sh steady --rates 12,15,18,21 --segment 60   # the GPU (auto profile)
+    python3 bench/gpu/steady.py --rates 2,4,6 --segment 60          # simulated engine, CPU
+    bash bench/gpu/run.sh steady --rates 12,15,18,21 --segment 60   # the GPU (auto profile)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -244,12 +244,11 @@ def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     """The daemon on this machine's GPU with the layout ocrd picks itself (engine.vllm
-    profile auto: bench/gpu_multi.py's `auto` row), dummy weights, 1,024 tokens a page;
+    profile auto: bench/gpu/multi.py's `auto` row), dummy weights, 1,024 tokens a page;
     pages from a pool of distinct generated pages (reused under new names)."""
-    from bench import gpu_common as common
-    from bench import gpu_inputs as inputs
-    from bench.gpu_daemon import GpuDaemon, stop_and_record
-    from bench.gpu_multi import auto_engine, memory
+    from bench.gpu import common, inputs
+    from bench.gpu.daemon import GpuDaemon, stop_and_record
+    from bench.gpu.multi import auto_engine, memory
 
     for k, v in common.ENV.items():
         os.environ.setdefault(k, v)
@@ -319,7 +318,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mix", choices=sorted(MIXES), default="8")
     p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     p.add_argument("--gpu", action="store_true",
-                   help="vLLM with the auto profile (bench/gpu_run.sh steady) instead of "
+                   help="vLLM with the auto profile (bench/gpu/run.sh steady) instead of "
                         "the simulated engine")
     p.add_argument("--tiny", action="store_true", help="with --gpu: the CPU build's tiny model")
     p.add_argument("--work", type=Path, default=Path("/tmp/gpu-work"))

@@ -1,6 +1,6 @@
 """Tune vLLM's Triton fused-MoE kernel for DeepSeek-OCR-2's decoder on this GPU.
 
-    python bench/moe_tune.py --out DIR        # on the GPU machine (bench/gpu_run.sh moe)
+    python bench/gpu/moe_tune.py --out DIR        # on the GPU machine (bench/gpu/run.sh moe)
 
 vLLM ships no tuned configuration for DeepSeek-OCR-2's experts (64 experts, 896 wide,
 hidden 1280, 6 per token, bf16) on an H200: its engine logs "Using default MoE config"
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_inputs import full_size_text_config  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.gpu.inputs import full_size_text_config  # noqa: E402
 
 _TEXT = full_size_text_config()  # DeepSeek-OCR-2's decoder
 E, N, HIDDEN, TOPK = (_TEXT["n_routed_experts"], _TEXT["moe_intermediate_size"],

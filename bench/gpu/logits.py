@@ -1,5 +1,5 @@
-"""Benchmark-only vLLM logits processors for bench/gpu.py, loaded by name inside vLLM's
-engine core (`bench.gpu_lp:BanEos`), never by ocrd in production.
+"""Benchmark-only vLLM logits processors for bench/gpu/run.py, loaded by name inside vLLM's
+engine core (`bench.gpu.logits:BanEos`), never by ocrd in production.
 
 With dummy weights the output length would be up to chance; `BanEos` makes every page
 generate exactly max_tokens tokens, like `ignore_eos` does for the offline baseline (the

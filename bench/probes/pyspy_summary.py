@@ -1,8 +1,8 @@
 """Where a vLLM engine core's main thread spends its time, from py-spy's collapsed stacks
-(`bench/gpu.py ... --profile N` writes OUT/pyspy_ROW.txt; round 3's are stored gzipped in
-bench/gpu_results/2026-11-30-round3/).
+(`bench/gpu/run.py ... --profile N` writes OUT/pyspy_ROW.txt; round 3's are stored gzipped in
+bench/results/gpu/2026-11-30-round3/).
 
-    python bench/pyspy_summary.py FILE [FILE ...] [--top 25] [--lines] [--under FUNC]
+    python bench/probes/pyspy_summary.py FILE [FILE ...] [--top 25] [--lines] [--under FUNC]
 
 Per file: samples per thread, then the main thread's functions by inclusive share (% of
 its samples in which the function is on the stack) and by "leaf" share (the innermost

@@ -1,6 +1,6 @@
 """Do two CUDA processes run their kernels at the same time on this GPU?
 
-    python bench/mps_probe.py            # alone, then two at once (time-sliced)
+    python bench/gpu/mps_probe.py            # alone, then two at once (time-sliced)
     (with CUDA_MPS_PIPE_DIRECTORY set and nvidia-cuda-mps-control -d running: under MPS)
 
 Each process replays, many times, a kernel that fills few of the GPU's SMs (a 512 x 512

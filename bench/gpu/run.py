@@ -1,12 +1,12 @@
 """DeepSeek-OCR-2 on one GPU: vLLM alone against ocrd end to end, side by side.
 
-    bash bench/gpu_run.sh all          # on the GPU machine (installs the carried bundle)
-    python bench/gpu.py PHASE ...      # one phase (the script above runs them in order)
-    python bench/gpu.py all --tiny     # dry run on a CPU with the tests' tiny model
+    bash bench/gpu/run.sh all          # on the GPU machine (installs the carried bundle)
+    python bench/gpu/run.py PHASE ...      # one phase (the script above runs them in order)
+    python bench/gpu/run.py all --tiny     # dry run on a CPU with the tests' tiny model
 
 Full-size DeepSeek-OCR-2 architecture, dummy weights (`load_format=dummy`), so every
 page generates exactly T output tokens (ignore_eos for vLLM alone; the benchmark-only
-logits processor bench.gpu_lp:BanEos for the daemon's requests). Every page is a
+logits processor bench.gpu.logits:BanEos for the daemon's requests). Every page is a
 different A4 image (1190×1684 at 144 dpi → 2×3 tiles, 1121 image tokens). Phases:
 
   offline   One engine with ocrd's fast-encoder model, switched between vLLM's encoder
@@ -41,16 +41,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import gpu_measure  # noqa: E402
-from bench.gpu_common import ENV, sizes  # noqa: E402
-from bench.gpu_daemon import ENCODER_SETTING, phase_daemon  # noqa: E402
-from bench.gpu_inputs import build_model  # noqa: E402
-from bench.gpu_measure import end_sessions, gpu_processes  # noqa: E402
-from bench.gpu_offline import phase_offline  # noqa: E402
-from bench.gpu_report import report  # noqa: E402
+from bench.gpu import measure as gpu_measure  # noqa: E402
+from bench.gpu.common import ENV, sizes  # noqa: E402
+from bench.gpu.daemon import ENCODER_SETTING, phase_daemon  # noqa: E402
+from bench.gpu.inputs import build_model  # noqa: E402
+from bench.gpu.measure import end_sessions, gpu_processes  # noqa: E402
+from bench.gpu.offline import phase_offline  # noqa: E402
+from bench.gpu.report import report  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", default="",
                    help="offline: windows AT:SECONDS,... (seconds into each GPU-only run) "
                    "in which PyTorch's profiler records the worker's CUDA kernels: busy "
-                   "share, time per step, per kernel class (bench/gpu_kernels.py)")
+                   "share, time per step, per kernel class (bench/gpu/kernel_profile.py)")
     p.add_argument("--repeat", type=int, default=1,
                    help="offline: run the chosen GPU-only ceilings this many times in "
                    "alternating order, after a short warm-up pass")

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_common import A4, VOCAB
+from bench.gpu.common import A4, VOCAB
 
 
 def build_model(out: Path) -> Path:

@@ -1,0 +1,1 @@
+"""One-off probes: small measurements behind a single decision, run by hand."""
