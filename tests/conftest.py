@@ -1,10 +1,15 @@
-"""Shared by the tests: the helpers' folders on sys.path, and the headless Chromium the
-console's browser tests drive (tests/test_web_browser.py, tests/test_console_browser.py)."""
+"""Shared by the tests: the helpers' folders on sys.path, the headless Chromium the
+console's browser tests drive (tests/test_web_browser.py, tests/test_console_browser.py),
+and the check that keeps the `e2e` marker honest: a test that starts ocrd as a
+subprocess without it fails, so that `-m 'not e2e'` is the fast part it says it is."""
 
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,3 +37,34 @@ def browser() -> Iterator[object]:
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
+
+
+def starts_ocrd(args: Any) -> bool:
+    """Whether a subprocess's argv runs ocrd: `python -m ocrd …`, an `ocrd` command (the
+    user's install in $OCRD_TEST_OCRD too), or the container's `ocrd-container`."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        args = [args]
+    argv = [os.fsdecode(a) for a in args]
+    return any(a == "ocrd" and i > 0 and argv[i - 1] == "-m" for i, a in enumerate(argv)) or \
+        any(os.path.basename(a) in ("ocrd", "ocrd-container") for a in argv)
+
+
+@pytest.fixture(autouse=True)
+def _ocrd_subprocess_needs_the_e2e_marker(request: pytest.FixtureRequest,
+                                           monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if request.node.get_closest_marker("e2e") is not None:
+        yield
+        return
+    started: list[Any] = []
+    real_init = subprocess.Popen.__init__
+
+    def init(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+        if starts_ocrd(args):
+            started.append(args)
+        real_init(self, args, *a, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", init)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} starts ocrd as a subprocess ({started[0]!r}) "
+                    "without the e2e marker", pytrace=False)
