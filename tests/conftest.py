@@ -45,8 +45,12 @@ def starts_ocrd(args: Any) -> bool:
     if isinstance(args, (str, bytes, os.PathLike)):
         args = [args]
     argv = [os.fsdecode(a) for a in args]
+    def program(i: int, a: str) -> bool:  # the command itself, or one a prefix runs
+        return os.path.basename(a) in ("ocrd", "ocrd-container") and (
+            i == 0 or (os.path.isfile(a) and os.access(a, os.X_OK)))
+
     return any(a == "ocrd" and i > 0 and argv[i - 1] == "-m" for i, a in enumerate(argv)) or \
-        any(os.path.basename(a) in ("ocrd", "ocrd-container") for a in argv)
+        any(program(i, a) for i, a in enumerate(argv))
 
 
 @pytest.fixture(autouse=True)

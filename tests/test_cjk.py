@@ -70,6 +70,7 @@ def convert(tmp_path: Path, image: Path, lang: str) -> tuple[str, str, str]:
     return md, poppler, pdfium_text
 
 
+@pytest.mark.e2e
 def test_japanese_is_joined_as_written(tmp_path: Path) -> None:
     md, poppler, pdfium_text = convert(tmp_path, cjk_image(JAPANESE, tmp_path / "ja.png"),
                                        "jpn")
@@ -79,6 +80,7 @@ def test_japanese_is_joined_as_written(tmp_path: Path) -> None:
             assert line in text.replace("\r\n", "\n").replace("\n", ""), text
 
 
+@pytest.mark.e2e
 def test_chinese_with_latin_words_keeps_the_spaces_it_has(tmp_path: Path) -> None:
     md, poppler, pdfium_text = convert(tmp_path, cjk_image(CHINESE, tmp_path / "zh.png"),
                                        "chi_sim")

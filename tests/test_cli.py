@@ -26,6 +26,7 @@ def ocrd(*args: str, **kw: object) -> subprocess.CompletedProcess:
                           timeout=120, env=ocrd_env(), **kw)
 
 
+@pytest.mark.e2e
 def test_bare_ocrd_prints_the_help() -> None:
     r = ocrd()
     assert r.returncode == 2
@@ -33,6 +34,7 @@ def test_bare_ocrd_prints_the_help() -> None:
     assert "the following arguments are required" not in r.stderr
 
 
+@pytest.mark.e2e
 def test_every_command_says_what_it_does() -> None:
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert set(commands) == {"run", "convert", "check-config", "status", "retry"}
@@ -43,6 +45,7 @@ def test_every_command_says_what_it_does() -> None:
         assert len(body) > 2 and len(body[1].split()) >= 10, (name, r.stdout[:400])
 
 
+@pytest.mark.e2e
 def test_retry_with_an_unknown_reason_fails_and_lists_the_reasons(tmp_path: Path) -> None:
     r = ocrd("retry", "--reason", "emtpy", "-c", str(tmp_path / "never-read.yaml"))
     assert r.returncode == 2
@@ -72,6 +75,7 @@ def config_with_failures(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_status_into_a_closed_pipe_stops_without_a_traceback(config_with_failures: Path) -> None:
     """As `ocrd status | head -0`: the reader is gone before ocrd writes."""
     read, write = os.pipe()
@@ -86,6 +90,7 @@ def test_status_into_a_closed_pipe_stops_without_a_traceback(config_with_failure
     assert r.returncode == 1
 
 
+@pytest.mark.e2e
 def test_status_json_counts_are_whole_numbers_and_times_iso_8601(
         config_with_failures: Path) -> None:
     r = ocrd("status", "--json", "-c", str(config_with_failures))

@@ -99,6 +99,7 @@ def test_a_config_of_inbox_folders_only_works(tmp_path: Path) -> None:
     assert parse_config({}, tmp_path).state_dir == tmp_path / "state"
 
 
+@pytest.mark.e2e
 def test_check_config_reports_every_problem_at_once_one_line_each(tmp_path: Path) -> None:
     """Mistakes that pydantic, a section's own checks, the layout and the folders find
     (each stage used to stop at its first): all of them in one run, one line each,
@@ -264,6 +265,7 @@ def test_layout_nested_and_duplicate_inboxes_are_refused(tmp_path: Path) -> None
     assert len(problems) == 1 and "same folder" in problems[0], problems
 
 
+@pytest.mark.e2e
 def test_check_config_prints_one_line_per_overlap(tmp_path: Path) -> None:
     import subprocess
     import sys

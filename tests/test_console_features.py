@@ -464,6 +464,7 @@ def test_the_chart_caption_agrees_with_the_running_bar(tmp_path: Path) -> None:
         site.stop()
 
 
+@pytest.mark.e2e
 def test_ocrd_status_names_the_queued_files(tmp_path: Path) -> None:
     import subprocess
     import sys

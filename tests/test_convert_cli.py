@@ -38,6 +38,7 @@ def convert(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "OCRD_CONFIG": ""})
 
 
+@pytest.mark.e2e
 def test_language_and_jobs_reach_tesseract(files: list[Path], tmp_path: Path) -> None:
     r = convert(*files, "-o", "out", "-l", "eng", "-l", "deu", "-j", "1", "-v", cwd=tmp_path)
     assert r.returncode == 3, r.stderr  # bad.pdf is truncated
@@ -51,6 +52,7 @@ def test_language_and_jobs_reach_tesseract(files: list[Path], tmp_path: Path) ->
     assert r.returncode == 2 and "must be a whole number of 1 or more" in r.stderr
 
 
+@pytest.mark.e2e
 def test_progress_alone_on_stderr_by_default(files: list[Path], tmp_path: Path) -> None:
     r = convert(*files, "-o", "out", cwd=tmp_path)
     assert r.returncode == 3
@@ -61,6 +63,7 @@ def test_progress_alone_on_stderr_by_default(files: list[Path], tmp_path: Path) 
     assert summary == SUMMARY
 
 
+@pytest.mark.e2e
 def test_quiet_shows_only_the_failures(files: list[Path], tmp_path: Path) -> None:
     r = convert(*files, "-o", "out", "-q", cwd=tmp_path)
     assert r.returncode == 3
@@ -71,6 +74,7 @@ def test_quiet_shows_only_the_failures(files: list[Path], tmp_path: Path) -> Non
     assert r.returncode == 0 and r.stderr == ""  # nothing failed: nothing to say
 
 
+@pytest.mark.e2e
 def test_verbose_log_events_are_lines_of_their_own(files: list[Path], tmp_path: Path) -> None:
     r = convert(*files, "-o", "out", "-vv", cwd=tmp_path)
     lines = r.stderr.splitlines()
@@ -85,6 +89,7 @@ def test_verbose_log_events_are_lines_of_their_own(files: list[Path], tmp_path: 
     assert not [line for line in lines if line.lstrip().startswith("{")]  # no JSON
 
 
+@pytest.mark.e2e
 def test_on_a_terminal_the_counter_line_never_runs_into_a_log_line(
         files: list[Path], tmp_path: Path) -> None:
     main, child = pty.openpty()
@@ -121,6 +126,7 @@ def test_on_a_terminal_the_counter_line_never_runs_into_a_log_line(
     assert [v for v in visible if LOG.match(v) and " file_converted " in v]
 
 
+@pytest.mark.e2e
 def test_a_folder_is_walked_as_an_inbox_is(tmp_path: Path) -> None:
     """`ocrd convert FOLDER -o out`: every document in it and its subfolders, the
     subfolders mirrored in out; what an inbox skips (dotfiles, partial downloads, OS

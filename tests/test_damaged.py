@@ -94,6 +94,7 @@ def test_daemon_fails_damaged_files_at_once_and_keeps_a_speck_page_as_blank(
     assert not (d.failed / "tiny.pdf").exists()
 
 
+@pytest.mark.e2e
 def test_convert_with_a_config_file_needs_no_state_dir(tmp_path: Path) -> None:
     pdf = make_pdf(tmp_path / "a.pdf", [sentence_lines(31, 2)])
     cfg = tmp_path / "convert.yaml"

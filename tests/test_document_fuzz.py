@@ -17,6 +17,7 @@ SEED = 20261203
 COUNT = 40
 
 
+@pytest.mark.e2e
 def test_mutated_real_documents_each_get_exactly_one_outcome(tmp_path: Path) -> None:
     report = run(tmp_path, COUNT, SEED, jobs=2, timeout=300)
     assert report.problems == [], (report.problems, report.stderr[-3000:])

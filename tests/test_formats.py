@@ -75,6 +75,7 @@ def test_unknown_bytes_are_shown_as_hex_not_as_a_python_repr(tmp_path: Path) -> 
     assert text.startswith("not a PDF or a supported image (PNG, JPEG")
 
 
+@pytest.mark.e2e
 def test_convert_says_it_in_its_failure_line_and_exits_3(tmp_path: Path) -> None:
     """Through the real pipeline: ocrd convert's line for a .docx, beside a PDF that
     converts."""

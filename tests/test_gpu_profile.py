@@ -149,6 +149,7 @@ def test_a_driver_without_compute_cap_still_gives_the_gpus(
     assert gpu_profile.detect() == []
 
 
+@pytest.mark.e2e
 def test_check_config_names_the_layout_and_refuses_a_key_it_cannot_take(
         tmp_path: Path) -> None:
     """check-config with engine.kind vllm on a machine whose nvidia-smi shows one 16 GB

@@ -153,6 +153,7 @@ def test_data_parallel_in_one_server_spans_its_gpus() -> None:
     assert args["--data-parallel-size"] == "2" and args["--tensor-parallel-size"] == "1"
 
 
+@pytest.mark.e2e
 def test_config_checks_and_the_engine_chosen(tmp_path: Path) -> None:
     # the mode is a choice, never inferred from other keys
     assert isinstance(create_engine(engine_config()), ManagedServerEngine)

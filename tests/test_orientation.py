@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import recall, sentence_lines
 from PIL import Image
 
@@ -39,6 +40,7 @@ def turned_pdf(path: Path, angles: list[int]) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_turned_pages_are_read_upright_and_their_turn_recorded(tmp_path: Path) -> None:
     pdf = turned_pdf(tmp_path / "turned.pdf", [0, 180, 90])
     r = subprocess.run([sys.executable, "-m", "ocrd", "convert", str(pdf), "-o", "out"],

@@ -65,6 +65,7 @@ def run(exe: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+@pytest.mark.e2e
 def test_the_wheel_is_ocr_inbox_daemon_and_its_command_tells_its_version(
         wheel: Path, tmp_path: Path) -> None:
     assert wheel.name == f"ocr_inbox_daemon-{__version__}-py3-none-any.whl"

@@ -23,6 +23,7 @@ from ocrd.render import pages, resolution
 TESSERACT = resolution.Resolution(300, 200, 600, grey=True)
 
 
+@pytest.mark.e2e
 def test_a_one_bit_scan_stays_packed_bits_and_tesseract_reads_it(tmp_path: Path) -> None:
     pdf = huge_pdf(tmp_path / "mono.pdf", 3000)  # 10 in square, 1-bit at 300 dpi
     info = pages.probe(str(pdf), 144, 10, 10**9, 10**9)
@@ -115,6 +116,7 @@ def test_a_cancelled_wait_gives_nothing_away() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.e2e
 def test_the_budget_setting_reaches_the_sidecar_page_size(tmp_path: Path) -> None:
     pdf = huge_pdf(tmp_path / "mono.pdf", 3000)
     cfg = tmp_path / "c.yaml"
@@ -163,6 +165,7 @@ def test_the_default_budget_holds_the_engines_pages_in_flight() -> None:
     assert gpu.memory.total == gpu.resolution.page_budget == 256 * 2**20
 
 
+@pytest.mark.e2e
 def test_a_daemon_keeps_as_many_a4_pages_in_flight_as_its_engine_takes(tmp_path: Path) -> None:
     """The daemon with a simulated continuous-batching engine that takes 120 pages at
     once and 16 eight-page A4 PDFs at 144 dpi: the engine gets 120 pages (with the old

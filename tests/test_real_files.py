@@ -41,6 +41,7 @@ def sidecar(out: Path, stem: str) -> dict:
     return json.loads((out / f"{stem}.json").read_text())
 
 
+@pytest.mark.e2e
 def test_a_file_that_raises_outside_the_error_mapping_fails_alone(tmp_path: Path) -> None:
     """poppler-937-0-fuzzed.pdf made PDFium raise while its pages were counted, and
     boundingBox_invalid.pdf made pypdfium2 raise ValueError while rendering page 3: each
@@ -60,6 +61,7 @@ def test_a_file_that_raises_outside_the_error_mapping_fails_alone(tmp_path: Path
     assert r.stderr.splitlines()[-1] == "2 converted, 1 failed: 1 damaged"
 
 
+@pytest.mark.e2e
 def test_a_damaged_pdf_after_an_encrypted_one_is_damaged(tmp_path: Path) -> None:
     """One render worker (-j 1) opens the encrypted file, then the damaged one: PDFium's
     last error ("password") came over from the first file, and the damaged file was
@@ -74,6 +76,7 @@ def test_a_damaged_pdf_after_an_encrypted_one_is_damaged(tmp_path: Path) -> None
     assert r.stderr.splitlines()[-1] == "0 converted, 2 failed: 1 damaged, 1 encrypted"
 
 
+@pytest.mark.e2e
 def test_a_scan_without_its_eof_marker_that_reads_is_converted(tmp_path: Path) -> None:
     """scan-bad.pdf ends without %%EOF but every renderer opens it: it converts (with a
     warning in the sidecar) instead of failing as truncated."""
@@ -86,6 +89,7 @@ def test_a_scan_without_its_eof_marker_that_reads_is_converted(tmp_path: Path) -
     assert "pdf.js" in (tmp_path / "out" / "scan-bad.md").read_text()
 
 
+@pytest.mark.e2e
 def test_pdf_asked_for_and_not_made_is_a_failure_of_the_file(tmp_path: Path) -> None:
     """issue18986.pdf renders, but qpdf cannot rewrite it: with --pdf the call exited 0
     and only a warning said that the PDF was missing."""
@@ -102,6 +106,7 @@ def test_pdf_asked_for_and_not_made_is_a_failure_of_the_file(tmp_path: Path) -> 
     assert r.stderr.splitlines()[-1] == "1 converted, 1 failed: 1 pdf_failed"
 
 
+@pytest.mark.e2e
 def test_one_unreadable_page_costs_that_page(tmp_path: Path) -> None:
     """Pages-tree-refs.pdf's page tree loops: page 1 reads, page 2 does not. The file
     failed whole; now page 2 is marked degraded and page 1 is kept."""
@@ -119,6 +124,7 @@ def test_one_unreadable_page_costs_that_page(tmp_path: Path) -> None:
     assert r.stderr.splitlines()[-1] == "1 converted (1 with degraded pages)"
 
 
+@pytest.mark.e2e
 def test_a_one_point_page_is_blank_not_damaged(tmp_path: Path) -> None:
     """bug_1265.pdf's only page is 1×1 pt: it was failed as "damaged: poppler cannot
     read the PDF's pages". It is a page too small to hold text: blank, and said so."""
@@ -196,6 +202,7 @@ def test_a_pdf_still_being_written_waits_and_one_cut_short_fails_at_once(
     assert "Radio" in (d.outbox / "slow.md").read_text()
 
 
+@pytest.mark.e2e
 def test_what_the_corpus_run_found(tmp_path: Path) -> None:
     """Files of the corpus run (bench/corpus_sources.txt) that got a wrong reason, and a
     mutant of the fuzz run that ended the whole call:

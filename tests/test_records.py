@@ -84,6 +84,7 @@ def test_daemon_sidecar_and_error_files_match_their_schemas(tmp_path: Path) -> N
         assert t.utcoffset().total_seconds() == 0 and 0 <= (now - t).total_seconds() < 120
 
 
+@pytest.mark.e2e
 def test_convert_sidecar_matches_the_schema(tmp_path: Path) -> None:
     pdf = make_pdf(tmp_path / "a.pdf", [sentence_lines(3, 2)])
     r = subprocess.run([sys.executable, "-m", "ocrd", "convert", str(pdf), "-o",

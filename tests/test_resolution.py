@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import make_pdf, recall, sentence_lines
 from PIL import Image, ImageDraw, ImageFont
 
@@ -39,6 +40,7 @@ def scan_pdf(path: Path, size_pt: tuple[float, float] = (144, 60),
     return path
 
 
+@pytest.mark.e2e
 def test_small_page_with_a_high_resolution_scan_is_read_by_tesseract(tmp_path: Path) -> None:
     pdf = scan_pdf(tmp_path / "small.pdf")
     r = subprocess.run([sys.executable, "-m", "ocrd", "convert", str(pdf), "-o", "out"],

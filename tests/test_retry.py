@@ -99,6 +99,7 @@ def _config(site, tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_cli_retry_without_a_daemon(site, tmp_path: Path) -> None:
     config = _config(site, tmp_path)
     run = [sys.executable, "-m", "ocrd", "retry", "-c", str(config)]

@@ -209,6 +209,7 @@ def test_token_from_systemd_credentials(tmp_path: Path, monkeypatch: pytest.Monk
     assert load_token(cfg) == "from-load-credential-0123"
 
 
+@pytest.mark.e2e
 def test_ocrd_run_and_check_config_refuse_without_a_token(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     # metrics off: the default port may be taken by another daemon on this machine
