@@ -6,15 +6,15 @@ Every layer adds a decomposed relative-position bias to its attention scores:
 `bias[q, k] = rel_h[q, row(k)] + rel_w[q, col(k)]`. vLLM ≤ 0.24 builds that bias as a
 full tensor (heads × tokens² per view: 0.4 GB for a global layer of one 1024 px view, in
 bf16), writes it with a broadcasting add and reads it back in PyTorch's memory-efficient
-attention kernel. On an H200 the attention and those elementwise kernels were 22 of the
-encoder's 36 ms of GPU time per A4 page (bench/GPU_RESULTS.md, round 3).
+attention kernel. On an H200 the attention and those elementwise kernels were most of
+the encoder's GPU time (bench/GPU_RESULTS.md).
 
 `relpos_attention` computes the same attention without the tensor: a flash-attention
 forward (online softmax over key blocks) that adds the two small factors to the scores
-in registers — gathered per key block ("gather", round 4) or, the default since round
-10, as two dots per key block of the query block's factors (loaded once) with one-hot
-matrices built in registers ("onehot": the bias on the tensor cores, 7.53 → 4.12 ms per
-A4 page on the H200). `lean_forward` feeds it strided views and takes its output in the
+in registers — gathered per key block ("gather") or, the default, as two dots per key
+block of the query block's factors (loaded once) with one-hot matrices built in
+registers ("onehot": the bias on the tensor cores, measured faster on an H200,
+bench/GPU_RESULTS.md). `lean_forward` feeds it strided views and takes its output in the
 layout the next projection reads, without vLLM's copies around the attention. Its work
 per view does not depend on the other views of the call (one program per query block
 and view·head), so a page's result does not depend on what else is in the engine step.
@@ -46,11 +46,11 @@ except ImportError:  # CPU builds: the callers check `available()`
 LOG2E = math.log2(math.e)  # the kernel spells it out: Triton reads no module globals
 # TRITON_INTERPRET=1 runs kernels on the CPU (the tests); its dot has no bf16
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# (query block, key block, warps, pipeline stages). On the H200 128×64 with 8 warps and
-# 3 stages was slower (bench/gpu.py mode padded_fused_b128; bench/GPU_RESULTS.md round 4).
+# (query block, key block, warps, pipeline stages). On an H200 128×64 with 8 warps and
+# 3 stages was slower (bench/GPU_RESULTS.md).
 BLOCKS = (64, 64, 4, 2)
-# the kernel relpos_attention runs unless told: "onehot" (the default since round 10:
-# 4.12 against 7.53 ms per A4 page on the H200) or "gather" (round 4's)
+# the kernel relpos_attention runs unless told: "onehot" (the default, measured faster
+# on an H200, bench/GPU_RESULTS.md) or "gather"
 KERNELS = ("gather", "onehot")
 KERNEL = os.environ.get("OCRD_VLLM_SAM_KERNEL", "onehot")
 # lean_forward (no copies around the kernel) unless OCRD_VLLM_SAM_LEAN=0
@@ -297,8 +297,8 @@ def lean_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     qkv projection wrote them (strided views), the factors stay in the layout einsum
     leaves them in, and the kernel writes its output tokens-first, where `proj` reads it.
     vLLM's way copies q, k and v to heads-first (3 × the layer's activations), q twice
-    more inside its einsums, both factors and the output (bench/GPU_RESULTS.md round 10:
-    copy kernels were ~6 of an A4 page's ~29 ms of encoder time on the H200); this
+    more inside its einsums, both factors and the output (copy kernels were a visible
+    share of the encoder's time on an H200, bench/GPU_RESULTS.md); this
     copies q twice, inside the two einsums. The same products and sums: the factors
     are the same einsums over the same q."""
     views, height, width, _ = x.shape
