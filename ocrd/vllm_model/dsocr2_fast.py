@@ -391,11 +391,11 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         return on
 
     def ocrd_set_fused(self, on: bool, blocks: tuple[int, int, int, int] | None = None,
-                       kernel: str | None = None, lean: bool | None = None) -> bool:
+                       lean: bool | None = None) -> bool:
         """SAM's attention: the fused kernel (where it was patched in) or vLLM's code;
-        which kernel and layout (relpos_attention.set_fused; None: the defaults)."""
+        its block sizes and layout (relpos_attention.set_fused; None: the defaults)."""
         on = on and getattr(self, "ocrd_fused_layers", 0) > 0
-        relpos_attention.set_fused(self.sam_model, on, blocks, kernel, lean)
+        relpos_attention.set_fused(self.sam_model, on, blocks, lean)
         return on
 
     def _pixel_values_to_embedding(self, pixel_values: torch.Tensor,
