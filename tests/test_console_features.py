@@ -368,7 +368,7 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
         "incomplete_seconds": 600}]},
         tmp_path)
     clock = [1000.0]
-    tracker = Tracker(5, 600, False, clock=lambda: clock[0])
+    tracker = Tracker(5, False, clock=lambda: clock[0])
     from ocrd.config.roots import Roots
     from ocrd.intake.watch import Ignore
     from ocrd.outputs.destinations import Perms

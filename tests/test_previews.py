@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import structlog
 from helpers import make_pdf, sentence_lines
 from PIL import Image
 
@@ -62,10 +63,11 @@ def test_made_on_demand_upright_and_cached(tmp_path: Path) -> None:
     sha = "cd" * 32
     fd = os.open(pdf, os.O_RDONLY)
     try:
-        plain = p.make(sha, 1, "page", fd_path(fd), None)
-        turned = p.make("ef" * 32, 1, "page", fd_path(fd), 180)
-        full = p.make("ab" * 32, 1, "full", fd_path(fd), None)
-        missing = p.make("ab" * 32, 2, "page", fd_path(fd), None)  # no page 2
+        with structlog.testing.capture_logs() as logs:
+            plain = p.make(sha, 1, "page", fd_path(fd), None)
+            turned = p.make("ef" * 32, 1, "page", fd_path(fd), 180)
+            full = p.make("ab" * 32, 1, "full", fd_path(fd), None)
+            missing = p.make("ab" * 32, 2, "page", fd_path(fd), None)  # no page 2
     finally:
         os.close(fd)
         p.stop()
@@ -73,7 +75,8 @@ def test_made_on_demand_upright_and_cached(tmp_path: Path) -> None:
     assert turned is not None and not _top_is_dark(turned)  # turned 180°: bar at bottom
     assert max(Image.open(io.BytesIO(plain)).size) == LONG_SIDE
     assert full is not None and max(Image.open(io.BytesIO(full)).size) > 3000
-    assert missing is None and p.stats.failed == 1
+    assert missing is None
+    assert [e["page"] for e in logs if e["event"] == "preview_failed"] == [2]
     assert (p.folder(sha) / "p0001.jpg").read_bytes() == plain
     assert (p.folder("ab" * 32) / "p0001-full.jpg").exists()
     assert p.path("../../etc", 1) is None and p.path(sha, 0) is None

@@ -37,7 +37,7 @@ def entry(rel: str, size: int = 10, mtime: int = 1) -> Entry:
 
 def test_quiet_period_restarts_on_every_change() -> None:
     clock = Clock()
-    t = Tracker(quiet_seconds=5, incomplete_seconds=60, fast_close=False, clock=clock)
+    t = Tracker(quiet_seconds=5, fast_close=False, clock=clock)
     t.observe(entry("a.pdf", 10))
     clock.t += 4
     assert t.due() == []
@@ -50,10 +50,10 @@ def test_quiet_period_restarts_on_every_change() -> None:
 
 def test_close_event_is_a_fast_path_only_on_local_filesystems() -> None:
     clock = Clock()
-    local = Tracker(5, 60, fast_close=True, clock=clock)
+    local = Tracker(5, fast_close=True, clock=clock)
     local.observe(entry("a.pdf"), closed=True)
     assert len(local.due()) == 1
-    remote = Tracker(5, 60, fast_close=False, clock=clock)
+    remote = Tracker(5, fast_close=False, clock=clock)
     remote.observe(entry("a.pdf"), closed=True)
     assert remote.due() == []
     # a change after the close cancels the fast path
@@ -63,7 +63,7 @@ def test_close_event_is_a_fast_path_only_on_local_filesystems() -> None:
 
 def test_incomplete_files_are_rechecked_less_often_then_given_up() -> None:
     clock = Clock()
-    t = Tracker(1, 30, fast_close=False, clock=clock)
+    t = Tracker(1, fast_close=False, clock=clock)
     cand = t.observe(entry("a.pdf"))
     clock.t += 1
     assert t.due() == [cand]
@@ -211,7 +211,7 @@ def test_a_file_its_writer_closed_is_read_as_it_is_once_settled() -> None:
     (writers that close between chunks pause a few seconds): settled. A PDF without
     %%EOF that reads is converted, one that does not fails — not after 600 s."""
     clock = Clock()
-    t = Tracker(5, 600, fast_close=True, clock=clock)
+    t = Tracker(5, fast_close=True, clock=clock)
     cand = t.observe(entry("a.pdf"), closed=True)
     assert t.due() == [cand]  # checked at once ...
     waiting = decide(cand, NO_EOF, cand.entry, 5, 600, clock.t)

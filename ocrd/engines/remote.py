@@ -152,9 +152,9 @@ def png_bytes(image: Image.Image) -> bytes:
     """The image as an RGB PNG whose rows are left unfiltered, deflated at level 1.
 
     Pillow's PNG writer tries five filters on every row and keeps the best: on a page
-    rendered at 144 dpi that search is most of its 74 ms, and the daemon pays it for
+    rendered at 144 dpi that search is most of its time, and the daemon pays it for
     every page it sends (hundreds in flight on a GPU host). Unfiltered rows deflate in
-    about half the time to a PNG of about the same size (bench/png_micro.py); zlib lets
+    about half the time to a PNG of about the same size (bench/RESULTS.md); zlib lets
     go of the GIL meanwhile, so pages encode side by side in the daemon's threads."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     width, height = rgb.size

@@ -4,7 +4,7 @@ Why the command line and not tesserocr/pytesseract: a subprocess per page runs t
 parallel (no GIL, no thread-safety questions in libtesseract), a crash or a hang on one
 page kills only that process (it is killed on timeout), there is nothing to compile
 against the system's libtesseract, and the page travels through a pipe as PPM, so no
-temporary files are written. The process start (~30 ms) is small next to OCR time.
+temporary files are written. The process start is small next to OCR time.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class TesseractEngine(Engine):
     render_dpi = 300
     scan_dpi = (200, 600)
     page_mode = "L"  # it binarises pages itself: colour only costs memory and time
-    # measured peak RSS of tesseract 5.3 per pixel (6.5 for a 1-bit page, 9.5 grey), plus
+    # tesseract's own peak RSS per pixel in each mode (measured with tesseract 5.3), plus
     # the packed page in the daemon and the render worker
     pixel_bytes = {"1": 7.5, "L": 11.0, "RGB": 17.0}  # noqa: RUF012 - read only
 

@@ -18,7 +18,7 @@ _WORD_LEVEL = "5"
 _COLUMNS = 12  # level page block par line word left top width height conf text
 _HEADER = "level\tpage_num\t"
 # Mean word confidence below which a page's reading is doubtful: an upside-down page
-# reads as ~35, a good one 90-95 (OCRmyPDF's cardinal.pdf at 300 dpi).
+# reads well below it, a good one well above (OCRmyPDF's cardinal.pdf at 300 dpi).
 DOUBTFUL_BELOW = 65.0
 
 

@@ -84,10 +84,6 @@ class Inbox:
     def path(self) -> Path:
         return self.cfg.path
 
-    @property
-    def work_path(self) -> Path:
-        return self.cfg.path / WORK_DIR_NAME / self.instance
-
     def open_root(self) -> Dir:
         """The inbox folder, the one pinned (roots.RootChanged otherwise)."""
         return self.roots.open(self.cfg.path)
@@ -180,8 +176,7 @@ class Inboxes:
 
     def add(self, box: InboxConfig) -> Inbox:
         watch = watch_method(box)
-        inbox = Inbox(box, Ignore(box), Tracker(box.quiet_seconds, box.incomplete_seconds,
-                                                fast_close=watch == "inotify"),
+        inbox = Inbox(box, Ignore(box), Tracker(box.quiet_seconds, fast_close=watch == "inotify"),
                       watch, self.instance, perms_for(box, self.instance), self.roots)
         self.by_path[box.path] = inbox
         self.check_folders(inbox)
@@ -197,7 +192,6 @@ class Inboxes:
         inbox.ignore = Ignore(box)
         inbox.perms = perms_for(box, self.instance)
         inbox.tracker.quiet = box.quiet_seconds
-        inbox.tracker.incomplete = box.incomplete_seconds
         if rewatch:
             self.observers.unwatch(box.path)
             inbox.watch = watch_method(box)

@@ -162,10 +162,8 @@ def _closed_settle(quiet_seconds: float, incomplete_seconds: float) -> float:
 class Tracker:
     """Candidates of one inbox, by path relative to the inbox."""
 
-    def __init__(self, quiet_seconds: float, incomplete_seconds: float,
-                 fast_close: bool, clock=time.monotonic) -> None:
+    def __init__(self, quiet_seconds: float, fast_close: bool, clock=time.monotonic) -> None:
         self.quiet = quiet_seconds
-        self.incomplete = incomplete_seconds
         self.fast_close = fast_close
         self.clock = clock
         self.candidates: dict[str, Candidate] = {}

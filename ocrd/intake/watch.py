@@ -241,11 +241,11 @@ def _folders_below(path: bytes, limit: int) -> Iterator[tuple[bytes, list[bytes]
 
 class _InboxWatchGroup(InotifyWatchGroup):
     """A recursive watch that leaves out dot-folders (ignored by every scan anyway), above
-    all ocrd's own `.ocrd-work/`: every claim makes a folder there, and watchdog watched
-    each one, so a busy recursive inbox carried thousands of watches and watchdog
-    formatted its whole table into a warning at each re-added one (a 30-minute fuzzer
-    run slowed from ~8 claims/s to ~0.3). Folders deeper than MAX_DEPTH are not
-    watched, and the tree is walked without recursion."""
+    all ocrd's own `.ocrd-work/`: every claim makes a folder there, so watching each one
+    would give a busy recursive inbox thousands of watches, and watchdog formats its
+    whole table into a warning at each re-added one (a long fuzzer run slowed to a
+    fraction of its claims per second). Folders deeper than MAX_DEPTH are not watched,
+    and the tree is walked without recursion."""
 
     def _depth(self, path: bytes) -> int:
         rel = os.path.relpath(path, self.path) if path != self.path else b""

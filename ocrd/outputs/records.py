@@ -6,10 +6,7 @@ A change that breaks a reader of either file raises its schema_version.
 
 from __future__ import annotations
 
-import os
-import stat
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 from ocrd import __version__, names
@@ -39,15 +36,6 @@ def local_time(t: float | None, seconds: bool = True) -> str:
     moment = datetime.fromtimestamp(t).astimezone()
     zone = moment.strftime("%Z") or moment.strftime("UTC%z")
     return moment.strftime("%Y-%m-%d %H:%M" + (":%S" if seconds else "")) + " " + zone
-
-
-def size_of(path: Path) -> int | None:
-    """The size of a regular file at `path` (not following a link), else None."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def source(path: str, inbox: str | None, size: int | None = None, sha256: str | None = None,

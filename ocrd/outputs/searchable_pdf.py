@@ -26,7 +26,6 @@ from ocrd.outputs.textlayer import FontMap, PageLayer, page_layer
 
 log = structlog.get_logger("ocrd.outputs.searchable_pdf")
 
-OUTPUTS = ("markdown", "pdf")
 DEFAULT_SUFFIX = ".pdf"
 # `ocrd convert --pdf` of a PDF into the folder it is in
 BESIDE_ORIGINAL_SUFFIX = ".ocr.pdf"

@@ -23,8 +23,6 @@ from typing import IO, Any
 
 from ocrd.outputs.textlayer import FONT_NAME, GLYPHLESS_TTF, FontMap, PageLayer
 
-# pdf_text_layer: what to do on a page that already has text
-MODES = ("replace", "add", "skip_if_text")
 LAYER_NAME = "OcrdLayer"
 _TEXT_SHOWING = {"Tj", "TJ", "'", '"'}
 # operators that make marks other than text (paths, images, shadings, inline images)

@@ -2,7 +2,7 @@
 moment they are rendered until the engine is done with them, across all documents.
 
 A per-page pixel limit alone does not bound memory: one 35,000 × 35,000 px scan, or
-several at once, held as RGB and copied on the way, took 4–11 GB. Here every page
+several at once, held as RGB and copied on the way, take gigabytes. Here every page
 reserves its cost (its pixels × what its engine keeps per pixel, for its mode) before it
 is rendered and holds it until the engine has finished it; and no page may cost more
 than the whole budget (it is rendered at a lower dpi instead: `Resolution.page_budget`).
@@ -26,10 +26,9 @@ def sizes(setting: int | None, pages_in_flight: int, a4_cost: int) -> tuple[int,
     """(the budget, the most one page may cost) for `limits.memory_bytes`: as set; or,
     when unset, 1 GiB raised to what the engine's pages in flight cost as A4 pages (with
     a quarter more for pages rendered ahead), one page at most 1 GiB. A GPU engine keeps
-    hundreds of pages in flight (544 for two servers on an H200); a fixed 1 GiB held it
-    at 76 and left the GPU starved (8.2 instead of 12.8 pages/s, bench/GPU_RESULTS.md
-    round 7), while a page's own cap stays where the scans' memory was measured (issue
-    16)."""
+    hundreds of pages in flight; a fixed 1 GiB held far fewer in flight and left the GPU
+    starved (bench/GPU_RESULTS.md), while a page's own cap stays where large scans'
+    memory stays bounded."""
     if setting is not None:
         return setting, setting
     return max(AUTO_FLOOR, int(AUTO_PAGES_PER_SLOT * pages_in_flight * a4_cost)), AUTO_FLOOR

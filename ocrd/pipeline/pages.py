@@ -167,8 +167,8 @@ class DocumentPages:
             # while the engine works (a GPU engine keeps tensors, not pixels; a retry
             # renders the page again), except, for an engine whose output has figures to
             # crop, the packed page (made an image only for a page with figures; the
-            # remote engine drops its image once it is encoded: 544 A4 pages in flight
-            # took 5.8 GB of RSS with the images kept).
+            # remote engine drops its image once it is encoded: hundreds of pages in
+            # flight would otherwise hold gigabytes of images).
             waiting = [rendered]
             del rendered
             kept: list[Any] = []

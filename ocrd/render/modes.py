@@ -2,8 +2,8 @@
 
 tesseract binarises every page itself, so colour is wasted on it: an RGB page is three
 times the bytes of a grey one at every copy (render buffer, tmpfs, pipe) and 24 times a
-1-bit one, and tesseract reads grey 25% faster and 1-bit 30% faster than RGB with the
-same words. So for an engine that reads grey (`Engine.page_mode`), PDFium renders grey,
+1-bit one, and tesseract reads grey and 1-bit pages measurably faster than RGB, with
+the same words. So for an engine that reads grey (`Engine.page_mode`), PDFium renders grey,
 and a page that is a 1-bit scan becomes packed 1-bit rows (PBM's layout, 1 = black).
 Rendering goes in bands, so a 35,000 × 35,000 px page never exists as 8-bit pixels.
 """

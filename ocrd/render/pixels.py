@@ -58,8 +58,8 @@ class RenderedPage:
 @dataclass(frozen=True)
 class EncodedPage:
     """A page as the PNG data URL an engine sent (ocrd/engines/remote.py), kept for the
-    page's figures instead of its packed pixels while the engine works: ~1 MB instead of
-    6 for an A4 page at 144 dpi, and the same string the engine holds."""
+    page's figures instead of its packed pixels while the engine works: a fraction of the
+    packed pixels' bytes, and the same string the engine holds."""
 
     data_url: str
 
@@ -80,7 +80,7 @@ class EncodedPage:
 #
 # An A4 page at 144 dpi is 6 MB of RGB. Returned through the process pool's pipe it is
 # copied in 64 KiB pieces, with a context switch each, by the one thread that reads all
-# results: ~10 ms a page, which capped the render workers well below what they render.
+# results, which capped the render workers well below what they render.
 # Instead the worker writes the pixels to a file on tmpfs (one write from PDFium's own
 # buffer) and the main process reads it in one call. The main process removes each file
 # as it unpickles the page; files left by a killed pool are removed with it, and

@@ -19,7 +19,6 @@ import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -93,15 +92,6 @@ def make_preview(path: str, index: int, size: str, rotation: int | None) -> byte
     return encode(image, long_side)
 
 
-@dataclass
-class PreviewStats:
-    made: int = 0
-    served_from_cache: int = 0
-    failed: int = 0
-    bytes_written: int = 0
-    swept_docs: int = 0
-
-
 class Previews:
     """The cache, and the worker process that renders what is not in it yet."""
 
@@ -111,9 +101,8 @@ class Previews:
         self.days = days
         self.max_bytes = max_bytes
         self.sweep_seconds = sweep_seconds
-        self.stats = PreviewStats()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()  # the pool, stats and sweeps
+        self._lock = threading.Lock()  # the pool and sweeps
         self._since_sweep = 0
         self._last_sweep = 0.0
 
@@ -172,7 +161,6 @@ class Previews:
         return data
 
     def _failed(self, page_no: int, e: BaseException) -> None:
-        self.stats.failed += 1
         log.warning("preview_failed", page=page_no, error=str(e) or type(e).__name__)
         return None
 
@@ -187,8 +175,6 @@ class Previews:
             log.warning("preview_not_cached", path=str(path), error=str(e))
             return
         with self._lock:
-            self.stats.made += 1
-            self.stats.bytes_written += len(data)
             self._since_sweep += len(data)
             # as soon as 2 % of the byte limit was written since the last sweep, so
             # that many pages looked at in a row cannot overshoot it far
@@ -226,7 +212,6 @@ class Previews:
             shutil.rmtree(doc, ignore_errors=True)
             total -= size
             removed += 1
-        self.stats.swept_docs += removed
         if removed:
             log.info("previews_swept", documents=removed, bytes_left=total)
         return removed

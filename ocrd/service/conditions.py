@@ -69,10 +69,6 @@ class Conditions:
                           occurrences=cond.count, **fields)
         return True
 
-    def holds(self, key: Hashable) -> bool:
-        with self._lock:
-            return key in self._open
-
     def open_keys(self) -> list[Hashable]:
         with self._lock:
             return list(self._open)

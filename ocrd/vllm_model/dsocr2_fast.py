@@ -5,8 +5,8 @@ time: SAM on the 1024 px global view (batch 1), a host sync (`.item()`) to see w
 there are tiles, SAM on the tiles, then the 24-layer Qwen2 "decoder as encoder" for each.
 In vLLM ≤ 0.24 that encoder also builds its attention mask position by position: two
 GPU index writes per query position (256 + 6 × 144 per A4 page), each from CPU indices.
-On an H200 that engine-side work cost ~0.16 s per page and capped the whole engine at
-4.7 pages/s while the same GPU decodes 18 text pages/s (bench/GPU_RESULTS.md).
+On a big GPU that engine-side work capped the whole engine at a fraction of the pages
+per second the same GPU decodes (bench/GPU_RESULTS.md).
 
 `FastDeepseekOCR2ForCausalLM` keeps vLLM's modules and weights and changes only how they
 are called:
@@ -30,12 +30,12 @@ are called:
   the kernels, and their rounding, may follow the size of the page's call — as vLLM's
   own decoder steps follow the batch size).
 
-Two more changes, on a GPU only (bench/GPU_RESULTS.md, round 4):
+Two more changes, on a GPU only (measured faster on an H200, bench/GPU_RESULTS.md):
 - SAM's attention layers run ocrd's fused kernel (ocrd/vllm_model/relpos_attention.py):
   the relative-position bias is added inside a flash-attention kernel instead of being
-  written out as a heads × tokens² tensor (36 → 27 ms of GPU time per A4 page);
+  written out as a heads × tokens² tensor;
 - in batched mode every padded call size is captured once as a CUDA graph
-  (`EncoderGraphs`) and replayed: one launch instead of ~2,000, so the engine core's
+  (`EncoderGraphs`) and replayed: one launch instead of thousands, so the engine core's
   thread is free for the step's other work while the GPU encodes.
 `OCRD_VLLM_FUSED_SAM=0` / `OCRD_VLLM_ENCODER_GRAPHS=0` turn them off (the graphs also
 stay off where vLLM runs with `enforce_eager`).
@@ -169,7 +169,7 @@ def _encode(model: Any, views: torch.Tensor) -> torch.Tensor:
 class EncoderGraphs:
     """CUDA graphs of the encoder (SAM → Qwen2 → projector), one per padded call shape.
 
-    A padded call has one of a few shapes, so its ~2,000 kernel launches (most of them
+    A padded call has one of a few shapes, so its thousands of kernel launches (most of them
     small: the Qwen2 layers over 4,096 tokens) can be recorded once and replayed as one
     launch: the engine core's thread no longer spends the call launching kernels (and
     waiting for a full launch queue). The first call of a kind of view (1024 px global
@@ -350,7 +350,7 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
     processor handing the page views over as uint8 where OCRD_VLLM_PIXELS=uint8
     (ocrd/vllm_model/dsocr2_pixels.py).
     `ocrd_set_fast(False)` switches back to vLLM's own code path and `ocrd_batched` picks
-    the mode (bench/gpu.py compares them inside one engine)."""
+    the mode (the GPU benchmark compares them inside one engine)."""
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -391,11 +391,11 @@ class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
         return on
 
     def ocrd_set_fused(self, on: bool, blocks: tuple[int, int, int, int] | None = None,
-                       kernel: str | None = None, lean: bool | None = None) -> bool:
+                       lean: bool | None = None) -> bool:
         """SAM's attention: the fused kernel (where it was patched in) or vLLM's code;
-        which kernel and layout (relpos_attention.set_fused; None: the defaults)."""
+        its block sizes and layout (relpos_attention.set_fused; None: the defaults)."""
         on = on and getattr(self, "ocrd_fused_layers", 0) > 0
-        relpos_attention.set_fused(self.sam_model, on, blocks, kernel, lean)
+        relpos_attention.set_fused(self.sam_model, on, blocks, lean)
         return on
 
     def _pixel_values_to_embedding(self, pixel_values: torch.Tensor,

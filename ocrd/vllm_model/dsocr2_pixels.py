@@ -5,9 +5,9 @@ cuts a page into views with Pillow, turns every view into float32 (`ToTensor`,
 `Normalize(0.5, 0.5)`) and casts it to the model's dtype: an A4 page (one 1024 px global
 view, six 768 px tiles) becomes 27.5 MB of bf16 that is sent to the engine core,
 decoded there (msgpack, a copy), stacked with the step's other pages on the engine
-core's one thread (`MultiModalFlatField/BatchedField._reduce_data`: 30 % of that
-thread's time in a served run on an H200, bench/GPU_RESULTS.md round 5) and copied to
-the GPU. The engine core's thread is what limits one served engine (issue 22).
+core's one thread (`MultiModalFlatField/BatchedField._reduce_data`, a large share of
+that thread's time in a served run, bench/GPU_RESULTS.md) and copied to the GPU. The
+engine core's thread is what limits one served engine.
 
 With `OCRD_VLLM_PIXELS=uint8` (set by ocrd for the engines it starts when
 `engine.vllm.fast_encoder` is on) the same Pillow views leave the processor as uint8

@@ -5,9 +5,9 @@ in its last `window_size` output tokens (`ngram_size` 30, window 90, `<td>`/`</t
 whitelisted; sent per request as extra args). vLLM's `NGramPerReqLogitsProcessor` does
 it request by request inside the engine core's step: a Python scan of the window with a
 tuple per position, then one GPU write per request from a pageable list — which waits
-for the GPU's forward pass to finish, so the host stops preparing the next step. On an
-H200 with 256 pages in flight that cut the engine from 11.1 to 6.2 pages/s
-(bench/GPU_RESULTS.md).
+for the GPU's forward pass to finish, so the host stops preparing the next step. With
+hundreds of pages in flight on a big GPU that costs the engine a large part of its pages
+per second (bench/GPU_RESULTS.md).
 
 This processor bans the same tokens (tests/vllm_engine/test_ngram.py compares it with
 vLLM's on random sequences, call by call as outputs grow) from an index per request that
@@ -37,11 +37,11 @@ class NoRepeatNGram:
     Incremental: the request's output only grows by a few tokens per step, so an index
     (n-1)-gram → {token that followed it: count} gains the n-grams completed since the
     last call and drops those that left the window; a step then costs one tuple and a
-    few dict operations whatever the text looks like. (A full scan costs 1 µs per step
-    on varied text and 13 µs on a run of one token, where every position matches the
-    first token; with 256 pages in flight that scan was 16% of the engine core's thread
-    on an H200.) If the output is not what the index was built from (shorter, or its
-    last token changed), the index is rebuilt."""
+    few dict operations whatever the text looks like. (A full scan costs more the more
+    positions match — most on a run of one token, where every position matches the
+    first token — and with hundreds of pages in flight it was a visible share of the
+    engine core's thread, bench/GPU_RESULTS.md.) If the output is not what the index was
+    built from (shorter, or its last token changed), the index is rebuilt."""
 
     __slots__ = ("ngram_size", "window_size", "whitelist_token_ids", "_follow", "_keys",
                  "_first", "_added", "_seen", "_last", "_suffix")
@@ -151,8 +151,8 @@ class NGramBanLogitsProcessor(NGramPerReqLogitsProcessor):
         if flat:
             # one index, copied from pinned memory without waiting, and a fill with the
             # value as a kernel argument (`logits[i, j] = -inf` goes through index_put_
-            # with a value tensor; on an H200 that line took 18% of the engine core's
-            # main thread, bench/GPU_RESULTS.md round 3)
+            # with a value tensor, which took a visible share of the engine core's main
+            # thread on a GPU, bench/GPU_RESULTS.md)
             index = torch.tensor(flat, dtype=torch.long,
                                  pin_memory=self.pin_memory and logits.is_cuda)
             index = index.to(logits.device, non_blocking=True)

@@ -6,16 +6,16 @@ Every layer adds a decomposed relative-position bias to its attention scores:
 `bias[q, k] = rel_h[q, row(k)] + rel_w[q, col(k)]`. vLLM ≤ 0.24 builds that bias as a
 full tensor (heads × tokens² per view: 0.4 GB for a global layer of one 1024 px view, in
 bf16), writes it with a broadcasting add and reads it back in PyTorch's memory-efficient
-attention kernel. On an H200 the attention and those elementwise kernels were 22 of the
-encoder's 36 ms of GPU time per A4 page (bench/GPU_RESULTS.md, round 3).
+attention kernel. On an H200 the attention and those elementwise kernels were most of
+the encoder's GPU time (bench/GPU_RESULTS.md).
 
 `relpos_attention` computes the same attention without the tensor: a flash-attention
 forward (online softmax over key blocks) that adds the two small factors to the scores
-in registers — gathered per key block ("gather", round 4) or, the default since round
-10, as two dots per key block of the query block's factors (loaded once) with one-hot
-matrices built in registers ("onehot": the bias on the tensor cores, 7.53 → 4.12 ms per
-A4 page on the H200). `lean_forward` feeds it strided views and takes its output in the
-layout the next projection reads, without vLLM's copies around the attention. Its work
+in registers, as two dots per key block of the query block's factors (loaded once) with
+one-hot matrices built in registers: the bias on the tensor cores (measured faster on an
+H200 than gathering the factors per key block, bench/GPU_RESULTS.md). `lean_forward`
+feeds it strided views and takes its output in the layout the next projection reads,
+without vLLM's copies around the attention. Its work
 per view does not depend on the other views of the call (one program per query block
 and view·head), so a page's result does not depend on what else is in the engine step.
 Newer vLLM (≥ 0.30) ships a kernel of the same kind for the four global layers only;
@@ -46,13 +46,9 @@ except ImportError:  # CPU builds: the callers check `available()`
 LOG2E = math.log2(math.e)  # the kernel spells it out: Triton reads no module globals
 # TRITON_INTERPRET=1 runs kernels on the CPU (the tests); its dot has no bf16
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# (query block, key block, warps, pipeline stages). On the H200 128×64 with 8 warps and
-# 3 stages was slower (bench/gpu.py mode padded_fused_b128; bench/GPU_RESULTS.md round 4).
+# (query block, key block, warps, pipeline stages). On an H200 128×64 with 8 warps and
+# 3 stages was slower (bench/GPU_RESULTS.md).
 BLOCKS = (64, 64, 4, 2)
-# the kernel relpos_attention runs unless told: "onehot" (the default since round 10:
-# 4.12 against 7.53 ms per A4 page on the H200) or "gather" (round 4's)
-KERNELS = ("gather", "onehot")
-KERNEL = os.environ.get("OCRD_VLLM_SAM_KERNEL", "onehot")
 # lean_forward (no copies around the kernel) unless OCRD_VLLM_SAM_LEAN=0
 LEAN = os.environ.get("OCRD_VLLM_SAM_LEAN", "1") != "0"
 
@@ -64,67 +60,6 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _relpos_flash_kernel(
-        q_ptr, k_ptr, v_ptr, rh_ptr, rw_ptr, o_ptr, qk_scale,
-        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-        srhb, srhh, srhr, srhc, srhk, srwb, srwh, srwr, srwc, srwk, sob, soh, som, sod,
-        heads, tokens,
-        KEY_WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-    ):
-        block = tl.program_id(0)
-        view_head = tl.program_id(1)
-        b = view_head // heads
-        h = view_head % heads
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        dims = tl.arange(0, HEAD_DIM)
-        row_ok = rows < tokens
-        q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd,
-                    mask=row_ok[:, None], other=0.0)
-        # the factors' row of a query: its (row, column) on the grid, each with its stride
-        at_r = (rows // KEY_WIDTH)[:, None]
-        at_c = (rows % KEY_WIDTH)[:, None]
-        rh_rows = rh_ptr + b * srhb + h * srhh + at_r * srhr + at_c * srhc
-        rw_rows = rw_ptr + b * srwb + h * srwh + at_r * srwr + at_c * srwc
-        running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        running_sum = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        for start in range(0, tokens, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_ok = cols < tokens
-            kt = tl.load(k_ptr + b * skb + h * skh + cols[None, :] * skn + dims[:, None] * skd,
-                         mask=col_ok[None, :], other=0.0)
-            both = row_ok[:, None] & col_ok[None, :]
-            bias = tl.load(rh_rows + (cols // KEY_WIDTH)[None, :] * srhk, mask=both,
-                           other=0.0).to(tl.float32)
-            bias += tl.load(rw_rows + (cols % KEY_WIDTH)[None, :] * srwk, mask=both,
-                            other=0.0).to(tl.float32)
-            # base-2 softmax: scores and bias scaled by log2(e)
-            if UPCAST:  # noqa: SIM108 - Triton CPU interpreter: no bf16 dot (same math in fp32)
-                qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
-            else:
-                qk = tl.dot(q, kt)
-            scores = qk * qk_scale + bias * 1.4426950408889634
-            scores = tl.where(col_ok[None, :], scores, float("-inf"))
-            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-            p = tl.math.exp2(scores - new_max[:, None])
-            alpha = tl.math.exp2(running_max - new_max)
-            running_sum = running_sum * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            v = tl.load(v_ptr + b * svb + h * svh + cols[:, None] * svn + dims[None, :] * svd,
-                        mask=col_ok[:, None], other=0.0)
-            p = p.to(v.dtype)  # the tensor cores' operand type (bf16 in vLLM)
-            if UPCAST:  # noqa: SIM108 - a constexpr branch, resolved at compile time
-                acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
-            else:
-                acc = tl.dot(p, v, acc)
-            running_max = new_max
-        out = acc / running_sum[:, None]
-        tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod,
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
-    @triton.jit
     def _relpos_onehot_kernel(
         q_ptr, k_ptr, v_ptr, rh_ptr, rw_ptr, o_ptr, qk_scale,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
@@ -134,12 +69,12 @@ if triton is not None:
         WIDTH_P: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
     ):
-        """The same attention with the bias on the tensor cores: a query block's factors
+        """SAM's attention with the bias on the tensor cores: a query block's factors
         rel_h [BLOCK_M, rows] and rel_w [BLOCK_M, width] are loaded once, and each key
         block's bias is rel_h · onehot(row(k)) + rel_w · onehot(col(k)) — two small dots
         against one-hot matrices built in registers — instead of two gathers of
         BLOCK_M × BLOCK_N values per key block. A product with a one-hot column is the
-        factor itself (one non-zero term), so the scores are the gather kernel's."""
+        factor itself (one non-zero term), so the scores are those of the bias tensor."""
         block = tl.program_id(0)
         view_head = tl.program_id(1)
         b = view_head // heads
@@ -151,6 +86,7 @@ if triton is not None:
         row_ok = rows < tokens
         q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd,
                     mask=row_ok[:, None], other=0.0)
+        # the factors' row of a query: its (row, column) on the grid, each with its stride
         at_r = (rows // KEY_WIDTH)[:, None]
         at_c = (rows % KEY_WIDTH)[:, None]
         rh = tl.load(rh_ptr + b * srhb + h * srhh + at_r * srhr + at_c * srhc
@@ -179,6 +115,7 @@ if triton is not None:
                 qk = tl.dot(q, kt.to(tl.float32))
             else:
                 qk = tl.dot(q, kt)
+            # base-2 softmax: scores and bias scaled by log2(e)
             scores = qk * qk_scale + bias * 1.4426950408889634
             scores = tl.where(col_ok[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
@@ -188,7 +125,7 @@ if triton is not None:
             acc = acc * alpha[:, None]
             v = tl.load(v_ptr + b * svb + h * svh + cols[:, None] * svn + dims[None, :] * svd,
                         mask=col_ok[:, None], other=0.0)
-            p = p.to(v.dtype)
+            p = p.to(v.dtype)  # the tensor cores' operand type (bf16 in vLLM)
             if UPCAST:  # noqa: SIM108 - a constexpr branch, resolved at compile time
                 acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
             else:
@@ -216,41 +153,29 @@ def _grid_strides(rel: torch.Tensor, key_width: int) -> tuple[int, ...]:
 def relpos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      rel_h: torch.Tensor, rel_w: torch.Tensor, key_width: int,
                      scale: float, blocks: tuple[int, int, int, int] | None = None,
-                     kernel: str | None = None, out: torch.Tensor | None = None,
-                     ) -> torch.Tensor:
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·kᵀ·scale + rel_h[:, :, :, row(k)] + rel_w[:, :, :, col(k)]) · v.
     q, k, v: [B, heads, tokens, head_dim]; rel_h: [B, heads, tokens, rows] or
     [B, heads, rows, key_width, rows]; rel_w: the same with key_width as its last size;
     key token t sits at (t // key_width, t % key_width). Any strides (views of other
     tensors need no copy). Returns [B, heads, tokens, head_dim] in q's dtype: `out` when
     given (any strides, e.g. a view of the tokens-first tensor the next layer reads), else
-    a new contiguous tensor. kernel: "gather" (the bias factors gathered per key block)
-    or "onehot" (the bias as two dots against one-hot matrices); None: KERNEL."""
+    a new contiguous tensor."""
     views, heads, tokens, head_dim = q.shape
     if head_dim & (head_dim - 1):
         raise ValueError(f"head_dim {head_dim} is not a power of two")
-    kernel = kernel or KERNEL
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel {kernel!r}: one of {', '.join(KERNELS)}")
     block_m, block_n, warps, stages = blocks or BLOCKS
     if out is None:
         out = torch.empty((views, heads, tokens, head_dim), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(tokens, block_m), views * heads)
     strides = (*q.stride(), *k.stride(), *v.stride(), *_grid_strides(rel_h, key_width),
                *_grid_strides(rel_w, key_width), *out.stride())
-    if kernel == "onehot":
-        key_rows = rel_h.shape[-1]
-        _relpos_onehot_kernel[grid](
-            q, k, v, rel_h, rel_w, out, scale * LOG2E, *strides, heads, tokens,
-            KEY_ROWS=key_rows, KEY_WIDTH=key_width, ROWS_P=_pow2(key_rows),
-            WIDTH_P=_pow2(key_width), HEAD_DIM=head_dim, BLOCK_M=block_m,
-            BLOCK_N=block_n, UPCAST=INTERPRETED, num_warps=warps, num_stages=stages,
-        )
-        return out
-    _relpos_flash_kernel[grid](
+    key_rows = rel_h.shape[-1]
+    _relpos_onehot_kernel[grid](
         q, k, v, rel_h, rel_w, out, scale * LOG2E, *strides, heads, tokens,
-        KEY_WIDTH=key_width, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        UPCAST=INTERPRETED, num_warps=warps, num_stages=stages,
+        KEY_ROWS=key_rows, KEY_WIDTH=key_width, ROWS_P=_pow2(key_rows),
+        WIDTH_P=_pow2(key_width), HEAD_DIM=head_dim, BLOCK_M=block_m,
+        BLOCK_N=block_n, UPCAST=INTERPRETED, num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -287,7 +212,7 @@ def fused_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     out = relpos_attention(q.view(shape), k.view(shape), v.view(shape),
                            rel_h.reshape(views, heads, tokens, height),
                            rel_w.reshape(views, heads, tokens, width), width, self.scale,
-                           self._ocrd_blocks, self._ocrd_kernel)
+                           self._ocrd_blocks)
     out = out.view(views, heads, height, width, -1).permute(0, 2, 3, 1, 4)
     return self.proj(out.reshape(views, height, width, -1))
 
@@ -297,8 +222,8 @@ def lean_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     qkv projection wrote them (strided views), the factors stay in the layout einsum
     leaves them in, and the kernel writes its output tokens-first, where `proj` reads it.
     vLLM's way copies q, k and v to heads-first (3 × the layer's activations), q twice
-    more inside its einsums, both factors and the output (bench/GPU_RESULTS.md round 10:
-    copy kernels were ~6 of an A4 page's ~29 ms of encoder time on the H200); this
+    more inside its einsums, both factors and the output (copy kernels were a visible
+    share of the encoder's time on an H200, bench/GPU_RESULTS.md); this
     copies q twice, inside the two einsums. The same products and sums: the factors
     are the same einsums over the same q."""
     views, height, width, _ = x.shape
@@ -315,7 +240,7 @@ def lean_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         return t.flatten(1, 2).transpose(1, 2)
 
     relpos_attention(heads_first(q), heads_first(k), heads_first(v), rel_h, rel_w, width,
-                     self.scale, self._ocrd_blocks, self._ocrd_kernel, heads_first(out))
+                     self.scale, self._ocrd_blocks, out=heads_first(out))
     return self.proj(out.view(views, height, width, -1))
 
 
@@ -336,7 +261,6 @@ def patch_sam(sam_model: Any) -> int:
         module._ocrd_fused = True
         module._ocrd_lean = LEAN
         module._ocrd_blocks = None
-        module._ocrd_kernel = None
         module._ocrd_rel_pos = add_decomposed_rel_pos
         module._ocrd_get_rel_pos = get_rel_pos
         module.forward = MethodType(fused_forward, module)
@@ -345,15 +269,14 @@ def patch_sam(sam_model: Any) -> int:
 
 
 def set_fused(sam_model: Any, on: bool, blocks: tuple[int, int, int, int] | None = None,
-              kernel: str | None = None, lean: bool | None = None) -> int:
+              lean: bool | None = None) -> int:
     """Switch patched layers between the fused kernel and vLLM's code (benchmarks), and
-    the kernel and layout they use (None: the defaults, KERNEL and LEAN)."""
+    the block sizes and layout they use (None: the defaults, BLOCKS and LEAN)."""
     n = 0
     for module in sam_model.modules():
         if hasattr(module, "_ocrd_fused"):
             module._ocrd_fused = on
             module._ocrd_blocks = blocks
-            module._ocrd_kernel = kernel
             module._ocrd_lean = LEAN if lean is None else lean
             n += 1
     return n

@@ -3,9 +3,9 @@
 vLLM sizes an engine's KV cache from what its worker sees of the GPU's memory: a
 snapshot when the device is set up, then the growth while it loads the weights, profiles
 a forward pass and captures CUDA graphs. Another process allocating on the same GPU
-meanwhile is counted as this engine's own use (bench/GPU_RESULTS.md round 6), so ocrd
-used to start the servers of a GPU one after another: two servers took twice one's
-time, most of it importing vLLM (~55 s of the 80 s of a warm start on an H200 host).
+meanwhile is counted as this engine's own use (bench/GPU_RESULTS.md). Starting the
+servers of a GPU one after another avoids that but takes each server's whole start time
+in turn, most of it importing vLLM.
 
 With this gate the servers start at once and only that section runs one at a time: the
 engine core takes an exclusive lock (flock) on the file named by OCRD_VLLM_START_LOCK

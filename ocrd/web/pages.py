@@ -72,10 +72,6 @@ def render(request: Request, name: str, status: int = 200, **context: object) ->
     return response
 
 
-def fragment(name: str, **context: object) -> str:
-    return _env.get_template(name).render(**context)
-
-
 def set_flash(response: Response, kind: str, text: str) -> Response:
     """A message for the next page shown (after the redirect), in an HttpOnly cookie:
     not in the URL, so a reload does not show it again."""

@@ -315,10 +315,6 @@ class SearchIndex:
             raise
         return [Hit(j, p, snippet(t, query.terms)) for j, p, t in rows], total
 
-    def pages_of(self, job_id: int) -> int:
-        return int(self.db.execute("SELECT count(*) FROM pages WHERE job_id=?",
-                                   (job_id,)).fetchone()[0])
-
 
 # The index is optional: it stops growing while the state folder (the journal's) has
 # less than this free.

@@ -235,7 +235,6 @@ class Store:
             return None
         cached = open_inside(self.previews.root, path)
         if cached is not None:
-            self.previews.stats.served_from_cache += 1
             return cached.read()
         original = self.original(job, meta)
         if original is None:

@@ -277,14 +277,6 @@ class Journal:
             (to_db(inbox), to_db(relpath), size, mtime_ns)).fetchone()
         return row is not None
 
-    @_guarded
-    @_guarded
-    def relpath_known(self, inbox: str, claim_path: str) -> bool:
-        """A row (of any state) names this claim path."""
-        row = self.db.execute("SELECT 1 FROM jobs WHERE inbox=? AND claim_path=? LIMIT 1",
-                              (to_db(inbox), to_db(claim_path))).fetchone()
-        return row is not None
-
     def counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
 

@@ -61,7 +61,7 @@ def test_the_layer_around_the_kernel_is_vllms_layer(monkeypatch: pytest.MonkeyPa
     calls = []
 
     def reference(q: Any, k: Any, v: Any, rel_h: Any, rel_w: Any, width: int, scale: float,
-                  blocks: Any = None, kernel: Any = None, out: Any = None) -> Any:
+                  blocks: Any = None, out: Any = None) -> Any:
         calls.append((tuple(q.shape), tuple(rel_h.shape), tuple(rel_w.shape), width,
                       out is not None, q.is_contiguous()))
         got = ra.reference(q, k, v, rel_h, rel_w, width, scale)

@@ -37,29 +37,29 @@ SHAPES = [(2, 3, 14, 14, 64),  # a window layer: 14×14 tokens, SAM's head size
           (1, 2, 16, 16, 32),  # a small global layer
           (1, 1, 9, 7, 16),    # not square, tokens not a multiple of the block
           (3, 2, 5, 13, 64)]
+# rows as wide as SAM's tiles (48: padded to 64 in the one-hot matrix) and its global
+# view (64)
+WIDE = [(1, 2, 12, 48, 16), (1, 1, 4, 64, 32)]
 
 
-@pytest.mark.parametrize("kernel", ra.KERNELS)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_float32_is_the_bias_tensor_computation(shape: tuple[int, ...], kernel: str) -> None:
+@pytest.mark.parametrize("shape", SHAPES + WIDE, ids=str)
+def test_float32_is_the_bias_tensor_computation(shape: tuple[int, ...]) -> None:
     q, k, v, rel_h, rel_w = inputs(*shape, torch.float32)
     width, dim = shape[3], shape[4]
-    got = ra.relpos_attention(q, k, v, rel_h, rel_w, width, dim ** -0.5, kernel=kernel)
+    got = ra.relpos_attention(q, k, v, rel_h, rel_w, width, dim ** -0.5)
     want = ra.reference(q, k, v, rel_h, rel_w, width, dim ** -0.5)
     assert got.shape == want.shape and got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("kernel", ra.KERNELS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_bfloat16_is_as_close_as_vllms_own_bf16_path(shape: tuple[int, ...],
-                                                     kernel: str) -> None:
+def test_bfloat16_is_as_close_as_vllms_own_bf16_path(shape: tuple[int, ...]) -> None:
     """In bf16 both ways round; the kernel must be no further from the float32 truth
     than vLLM's bias-tensor way in bf16 (plus a margin of one bf16 step)."""
     q, k, v, rel_h, rel_w = inputs(*shape, torch.bfloat16, seed=3)
     width, scale = shape[3], shape[4] ** -0.5
     truth = ra.reference(*(t.float() for t in (q, k, v, rel_h, rel_w)), width, scale)
-    got = ra.relpos_attention(q, k, v, rel_h, rel_w, width, scale, kernel=kernel)
+    got = ra.relpos_attention(q, k, v, rel_h, rel_w, width, scale)
     vllm_way = ra.reference(q, k, v, rel_h, rel_w, width, scale)
     assert got.dtype == torch.bfloat16
     ours = (got.float() - truth).abs().max().item()
@@ -67,33 +67,13 @@ def test_bfloat16_is_as_close_as_vllms_own_bf16_path(shape: tuple[int, ...],
     assert ours <= theirs + 2 ** -7 * truth.abs().max().item(), (ours, theirs)
 
 
-@pytest.mark.parametrize("kernel", ra.KERNELS)
-def test_a_view_does_not_depend_on_the_other_views_of_the_call(kernel: str) -> None:
+def test_a_view_does_not_depend_on_the_other_views_of_the_call() -> None:
     q, k, v, rel_h, rel_w = inputs(4, 2, 8, 8, 32, torch.bfloat16, seed=5)
-    together = ra.relpos_attention(q, k, v, rel_h, rel_w, 8, 32 ** -0.5, kernel=kernel)
+    together = ra.relpos_attention(q, k, v, rel_h, rel_w, 8, 32 ** -0.5)
     for i in range(4):
         alone = ra.relpos_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], rel_h[i:i + 1],
-                                    rel_w[i:i + 1], 8, 32 ** -0.5, kernel=kernel)
+                                    rel_w[i:i + 1], 8, 32 ** -0.5)
         assert torch.equal(alone[0], together[i])
-
-
-@pytest.mark.parametrize("shape", SHAPES + [(1, 2, 12, 48, 16), (1, 1, 4, 64, 32)],
-                         ids=str)
-def test_the_onehot_kernel_scores_as_the_gather_kernel(shape: tuple[int, ...]) -> None:
-    """The bias through one-hot dots is the gathered bias (a dot with one non-zero
-    term): the two kernels agree to float32 rounding, with rows as wide as SAM's tiles
-    (48: padded to 64 in the one-hot matrix) and its global view (64) too."""
-    q, k, v, rel_h, rel_w = inputs(*shape, torch.float32, seed=11)
-    width, scale = shape[3], shape[4] ** -0.5
-    gather = ra.relpos_attention(q, k, v, rel_h, rel_w, width, scale, kernel="gather")
-    onehot = ra.relpos_attention(q, k, v, rel_h, rel_w, width, scale, kernel="onehot")
-    torch.testing.assert_close(onehot, gather, rtol=1e-6, atol=1e-6)
-
-
-def test_an_unknown_kernel_is_refused() -> None:
-    q, k, v, rel_h, rel_w = inputs(1, 1, 4, 4, 16, torch.float32)
-    with pytest.raises(ValueError, match="kernel 'fast'"):
-        ra.relpos_attention(q, k, v, rel_h, rel_w, 4, 0.3, kernel="fast")
 
 
 def test_other_block_sizes_give_the_same_result() -> None:
@@ -109,23 +89,20 @@ def test_head_size_must_be_a_power_of_two() -> None:
         ra.relpos_attention(q[..., :12], k[..., :12], v[..., :12], rel_h, rel_w, 4, 0.3)
 
 
-@pytest.mark.parametrize("kernel", ra.KERNELS)
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "copies"])
 def test_vllms_sam_gives_the_same_features_with_the_kernel(
-        monkeypatch: pytest.MonkeyPatch, lean: bool, kernel: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, lean: bool) -> None:
     """vLLM's own SAM (window and global layers, relative positions on), patched: the
     same output as vLLM's forward, which the switch brings back bit for bit; with the
-    lean layout (strided views in and out of the kernel) and vLLM's copies, either
-    kernel."""
+    lean layout (strided views in and out of the kernel) and vLLM's copies."""
     monkeypatch.setattr(ra, "LEAN", lean)
-    monkeypatch.setattr(ra, "KERNEL", kernel)
     sam = small_sam()
     calls, lean_calls = [], []
     run_kernel = ra.relpos_attention
 
     def counted(*a, **kw):
         calls.append(a[0].shape)
-        lean_calls.append(len(a) == 10 and a[9] is not None)  # `out` given: lean_forward
+        lean_calls.append(kw.get("out") is not None)  # `out` given: lean_forward
         return run_kernel(*a, **kw)
 
     monkeypatch.setattr(ra, "relpos_attention", counted)

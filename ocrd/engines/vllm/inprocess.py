@@ -133,7 +133,7 @@ class VllmEngine(Engine):
 
     async def start(self) -> None:
         """Build the engine (minutes on a GPU: weights, profiling, CUDA graphs)."""
-        # Importing vLLM takes 5-30 s and AsyncLLM's constructor is synchronous (engine
+        # Importing vLLM takes many seconds and AsyncLLM's constructor is synchronous (engine
         # core process, weights, KV cache): both run in worker threads so that the event
         # loop keeps serving health checks and signals meanwhile. Importing in a thread
         # also keeps vLLM's import-time tracebacks from pinning this coroutine's frame

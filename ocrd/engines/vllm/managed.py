@@ -1,12 +1,12 @@
 """Local `vllm serve` processes, started and supervised by ocrd, fed over HTTP.
 
 One vLLM front end prepares every page image on one CPU thread (resize, tiles,
-normalisation: 0.15-0.28 s per A4 page on an H200 machine), and inside ocrd that thread
-is the daemon's own. `vllm serve --api-server-count N` runs N front-end processes around
-one engine core, so N pages are prepared at once, outside ocrd (on one H200: +24 % pages/s
-over the in-process engine; bench/GPU_RESULTS.md). One engine core in turn cannot keep an
-H200 busy (issue 22: two servers on one GPU made x1.51 in the middle of a run, the GPU
-94 % busy), so ocrd can run several: `servers_per_gpu` on each GPU (or group of GPUs) of
+normalisation), and inside ocrd that thread is the daemon's own. `vllm serve
+--api-server-count N` runs N front-end processes around one engine core, so N pages are
+prepared at once, outside ocrd (measured faster than the in-process engine on an H200,
+bench/GPU_RESULTS.md). One engine core's thread in turn cannot keep a big GPU busy (two
+servers on one H200 convert more pages per second than one, bench/GPU_RESULTS.md), so
+ocrd can run several: `servers_per_gpu` on each GPU (or group of GPUs) of
 `engine.vllm.gpus`, each with its share of the GPU's memory and of the front ends, its
 own port on 127.0.0.1 and CUDA_VISIBLE_DEVICES (ocrd/engines/vllm/serve_args.py). The remote
 engine's client balances the pages across them (the fewest in flight first).

@@ -1,13 +1,13 @@
-"""CUDA MPS for managed `vllm serve` processes that share a GPU (issue 22).
+"""CUDA MPS for managed `vllm serve` processes that share a GPU.
 
 Without MPS a GPU runs one process's kernels at a time: the driver gives each process's
 context its own time slices, so two engine cores on one GPU take turns even where the
 kernels of one (a decode step's small kernels, at most a few of the 132 SMs busy) would
 leave room for the other's. Under MPS (NVIDIA's Multi-Process Service: one
 `nvidia-cuda-mps-server` per user and GPU, through which every client's kernels run)
-their kernels share the SMs. bench/mps_probe.py on an H200: two processes each replaying
-a kernel that fills few SMs took x1.53 as long as one alone, time-sliced, and x1.26
-under MPS; bench/GPU_RESULTS.md round 11 measures ocrd's servers both ways.
+their kernels share the SMs: two processes that each run kernels filling few SMs wait
+for each other less than time-sliced (measured on an H200 with a probe and with ocrd's
+servers, both ways: bench/GPU_RESULTS.md).
 
 ocrd runs one `nvidia-cuda-mps-control -f` per group of GPUs whose servers share it,
 as its own child in its own session (with "die with my parent" set, like the servers),

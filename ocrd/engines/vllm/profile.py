@@ -51,8 +51,9 @@ class Profile:
 
 
 def front_ends_per_gpu(cpus: int, gpus: int, servers_per_gpu: int) -> int:
-    """Front-end processes per GPU: up to 8 (what one H200 with 16 cores used), and never
-    more than the cores leave beside each GPU's engine cores."""
+    """Front-end processes per GPU: up to 8 (the layout measured on an H200 host with 16
+    cores, bench/GPU_RESULTS.md), and never more than the cores leave beside each GPU's
+    engine cores."""
     cores = max(1, cpus // max(1, gpus))
     return max(servers_per_gpu, min(8, cores // 2, cores - servers_per_gpu))
 
