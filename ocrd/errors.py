@@ -136,7 +136,7 @@ def internal(e: BaseException, doing: str) -> InternalError:
     detail = str(e).strip().splitlines()
     what = f"{type(e).__name__}: {detail[0][:200]}" if detail else type(e).__name__
     return InternalError(f"internal error while {doing} ({what})", details=text)
-# Every reason a failed file can carry (error.json's `reason`; README, "Failure reasons"):
+# Every reason a failed file can carry (error.json's `reason`; docs/output.md, "Failure reasons"):
 # the classes' above, and those the daemon gives without raising one.
 REASONS: tuple[str, ...] = (
     "empty", "truncated", "damaged", "unsupported_format", "encrypted", "too_many_pages",

@@ -11,16 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-# SAM's attention as in rounds 4-9 ("copies": vLLM's reshapes around the kernel;
-# "gather": the gathering kernel), each change alone, and the default since round 10
-# (lean layout, one-hot kernel)
+# SAM's attention with vLLM's reshapes around the fused kernel ("copies") and without
+# them (the default lean layout)
 ENCODER_MODES = (("stock", None), ("page", None),
-                 ("bucketed_fused_graphs_copies_gather", None),
-                 ("bucketed_fused_graphs_gather", None),
                  ("bucketed_fused_graphs_copies", None), ("bucketed_fused_graphs", None),
-                 ("padded_fused_graphs_copies_gather", None), ("padded_fused_graphs", None))
+                 ("padded_fused_graphs_copies", None), ("padded_fused_graphs", None))
 # the modes whose CUDA kernels are listed (where the time goes)
-PROFILED = ("padded_fused_graphs_copies_gather", "padded_fused_graphs")
+PROFILED = ("padded_fused_graphs_copies", "padded_fused_graphs")
 # page counts timed besides one page and `pages` (a step's new pages when they trickle)
 FEW_PAGES = (2, 3, 4)
 
@@ -33,9 +30,8 @@ def set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> st
     """stock: vLLM's encoder code; page / batched / padded / bucketed: ocrd's modes
     (padded: batched in calls of the full size; bucketed: of the full size or one of its
     halves, the default), optionally `_fused` (SAM's attention in ocrd's fused
-    kernel; `_copies`: with vLLM's reshapes around it, as before round 10; `_gather` /
-    `_onehot`: that kernel, else the default) and `_graphs` (padded calls replayed as
-    CUDA graphs). chunks: (global views, tiles) per call."""
+    kernel; `_copies`: with vLLM's reshapes around it, else the lean layout) and `_graphs`
+    (padded calls replayed as CUDA graphs). chunks: (global views, tiles) per call."""
     if not hasattr(model, "ocrd_set_fast"):
         return None
     import torch
@@ -47,9 +43,7 @@ def set_mode(model: Any, mode: str, chunks: tuple[int, int] | None = None) -> st
     model.ocrd_batched = base in ("batched", "padded", "bucketed")
     model.ocrd_padded = base in ("padded", "bucketed")
     model.ocrd_bucketed = base == "bucketed"
-    kernel = "onehot" if "onehot" in flags else "gather" if "gather" in flags else None
-    model.ocrd_set_fused("fused" in flags, kernel=kernel,
-                         lean=False if "copies" in flags else None)
+    model.ocrd_set_fused("fused" in flags, lean=False if "copies" in flags else None)
     graphs = "graphs" in flags and model.ocrd_padded and torch.cuda.is_available()
     if graphs != bool(getattr(model, "ocrd_graphs", None)) or (chunks and graphs):
         model.ocrd_graphs = dsocr2_fast.EncoderGraphs() if graphs else None

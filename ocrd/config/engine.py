@@ -66,11 +66,10 @@ class NGramConfig(_Strict):
 
 class VllmConfig(_Strict):
     """DeepSeek-OCR-2 in vLLM on this machine's GPUs (`engine.kind: vllm`, or `auto`
-    with a CUDA GPU). README.md, "GPU: the configuration for one big GPU", has the
-    settings for a large GPU."""
+    with a CUDA GPU). docs/gpu.md explains the settings, "One big GPU" first."""
 
     profile: Literal["auto", "none"] = Field("auto", description=(
-        "`auto`: the layout measured for the GPUs ocrd finds (README, \"your GPU → what "
+        "`auto`: the layout measured for the GPUs ocrd finds (README, \"Your GPU → what "
         "ocrd runs\"), logged at start as `vllm_profile`; every key set here overrides "
         "the profile's value. `none`: the keys set here and their defaults."))
     mode: Literal["inprocess", "managed"] | None = Field(None, description=(
