@@ -1,6 +1,6 @@
 """The remote engine's HTTP client (aiohttp, ocrd/engines/http.py) against the
 hand-written HTTP/1.1 client it replaced, side by side: the same RemoteEngine code around
-each, the same fake `vllm serve` (tests/test_remote_engine.py's, in a process of its own),
+each, the same fake `vllm serve` (tests/fake_vllm.py's, in a process of its own),
 the same pages, alternating rounds. The old client is read from git history
 (OLD_CLIENT_COMMIT) into a temporary module for this comparison only; ocrd itself no
 longer has it. The details also hold the bare clients (old, aiohttp, httpx) posting the
@@ -33,7 +33,7 @@ CONCURRENCY = 16  # engine.concurrency_per_url (and queue_per_url 0): pages in f
 
 SERVER = """\
 import asyncio, sys
-from test_remote_engine import FakeVllm
+from fake_vllm import FakeVllm
 
 async def main():
     server = await FakeVllm(latency=float(sys.argv[1])).start()

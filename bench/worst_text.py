@@ -3,7 +3,7 @@ handling holds up the daemon's loop (target: 50 ms at most, whatever the page).
 
 Each case is one page converted through ocrd's pipeline in this process (`Converter`:
 render, the remote engine with its retries and loop trimming, the page's Markdown made
-safe, the outputs written) against the fake `vllm serve` of tests/test_remote_engine.py
+safe, the outputs written) against the fake `vllm serve` of tests/fake_vllm.py
 in a process of its own, which answers every request with the case's answer (built once).
 Meanwhile a ticker on the loop wakes every 2 ms; the longest it was late is the longest
 the loop was blocked. The ratio is that ÷ 50 ms; the details hold the same ticker's worst
@@ -75,7 +75,7 @@ CASE_NAMES = ["dot_leaders_8192_tokens", "dots_1_5mb_length", "one_char_run_at_l
 SERVER = """\
 import asyncio, json, sys
 from bench.worst_text import case_answer
-from test_remote_engine import FakeVllm
+from fake_vllm import FakeVllm
 
 async def main():
     answer = case_answer(sys.argv[1])

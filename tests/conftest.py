@@ -1,7 +1,15 @@
-"""Shared by the tests: the helpers' folders on sys.path, the headless Chromium the
-console's browser tests drive (tests/test_web_browser.py, tests/test_console_browser.py),
-and the check that keeps the `e2e` marker honest: a test that starts ocrd as a
-subprocess without it fails, so that `-m 'not e2e'` is the fast part it says it is."""
+"""The tests mirror the package: tests/config, intake, work, render, pipeline, engines,
+outputs, service and web hold each package's tests; tests/reliability the faults, hostile
+input and load; tests/systemd what needs a real systemd; tests/vllm_engine the real vLLM
+engine (CPU build); the tests of the product as a whole (e2e, CLI, packaging, the
+user's install, container, real files, fuzz, architecture) stay at the top, beside the
+support modules every test imports (helpers, daemon_process, fake_vllm, record_schemas,
+console_site, structure_pages, document_fuzz), which this file puts on sys.path.
+
+Shared fixtures: `browser` (the headless Chromium of the console's tests) and
+`fast_backoff`; and the check that keeps the `e2e` marker honest: a test that starts
+ocrd as a subprocess without it fails, so that `-m 'not e2e'` is the fast part it says
+it is."""
 
 import os
 import shutil
@@ -19,6 +27,15 @@ sys.path.insert(0, str(HERE / "reliability"))
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The remote engine's retry backoff made short, for tests of servers that fail."""
+    from ocrd.engines import remote
+
+    monkeypatch.setattr(remote, "BACKOFF_BASE_SECONDS", 0.05)
+    monkeypatch.setattr(remote, "BACKOFF_MAX_SECONDS", 0.4)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ vLLM's CLI, with the flags ocrd gives the real one.
 
 Like the real server it takes a while before it answers /health, answers /v1/models with
 its --served-model-name and /v1/chat/completions with vLLM's JSON shapes after a page's
-time (tests/test_remote_engine.py's FakeVllm: HTTP 503 above its concurrency limit,
+time (tests/fake_vllm.py's FakeVllm: HTTP 503 above its concurrency limit,
 requests of clients that hang up are dropped), and runs N front-end processes plus an
 engine core as children in its process group. Those children outlive it (as vLLM's may
 when their parent is killed), so only ending the whole group leaves nothing behind.
@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_remote_engine import FakeVllm
+from fake_vllm import FakeVllm
 
 from ocrd.vllm_model import plugin, start_gate
 

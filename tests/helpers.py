@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import re
 import socket
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import yaml
 from daemon_process import DaemonProcess
 from daemon_process import wait_for as wait_for  # the tests take it from here
 
@@ -180,3 +182,27 @@ def fill(folder: Path) -> Path:
         except OSError:
             pass
     return filler
+
+
+def write_config(root: Path, **top: object) -> Path:
+    (root / "inbox").mkdir(parents=True, exist_ok=True)
+    cfg = {"state_dir": str(root / "state"), "engine": {"kind": "tesseract"},
+           "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+           "log": {"format": "json"},
+           "inboxes": [{"path": str(root / "inbox"), "outbox": str(root / "outbox"),
+                        "failed": str(root / "failed"), "on_success": "delete"}], **top}
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def office_open_xml(path: Path, part: str) -> Path:
+    """A package as Word/Excel/PowerPoint write one: content types, relationships, the
+    main part under word/, xl/ or ppt/, document properties last."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", '<?xml version="1.0"?><Types xmlns="http://'
+                   'schemas.openxmlformats.org/package/2006/content-types"/>')
+        z.writestr("_rels/.rels", "<Relationships/>")
+        z.writestr(f"{part}/document.xml", "<document>" + "words " * 2000 + "</document>")
+        z.writestr("docProps/app.xml", "<Properties/>")
+    return path

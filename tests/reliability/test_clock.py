@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import make_pdf, sentence_lines
-from test_records import SIDECAR, valid
+from record_schemas import SIDECAR, valid
 
 from ocrd import safefs
 from ocrd.config.load import parse_config

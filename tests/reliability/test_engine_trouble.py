@@ -2,7 +2,7 @@
 retries, pages re-queued, never a silent drop. The simulated engine with injected faults
 (engine.testing_faults) stands in for a GPU engine; the faults are deterministic.
 
-The remote engine's servers are fake `vllm serve`s (tests/test_remote_engine.py's
+The remote engine's servers are fake `vllm serve`s (tests/fake_vllm.py's
 FakeVllm, served from a thread of the test) that fail as real ones do: drop a thousand
 pages and refuse connections, hang behind a live /v1/models, answer with something that
 is not a chat completion or with text no file should hold. No file may fail for that.
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_vllm import MODEL, FakeVllm, FakeVllmThread
 from helpers import (
     Daemon,
     claimed_files,
@@ -28,7 +29,6 @@ from helpers import (
     wait_for,
 )
 from markdown_it import MarkdownIt
-from test_remote_engine import MODEL, FakeVllm, FakeVllmThread
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 

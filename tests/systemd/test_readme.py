@@ -81,8 +81,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     why = nspawn.unavailable()
     if why:
         cannot_run(why)
-    from helpers import make_pdf, sentence_lines
-    from test_formats import office_open_xml
+    from helpers import make_pdf, office_open_xml, sentence_lines
 
     work = tmp_path_factory.mktemp("readme")
     out, test, checkout, wheels = (work / n for n in ("out", "test", "checkout", "wheels"))

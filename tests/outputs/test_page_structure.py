@@ -1,7 +1,7 @@
 """The page's words shown exactly as they were read (one escaping rule, in every place a
 word can stand), and the layout's edge cases, on pages whose words are placed by hand;
 the Markdown read back as the console renders it (ocrd/web/render.py). The structure
-on real tesseract output: tests/test_markdown_structure.py.
+on real tesseract output: tests/outputs/test_markdown_structure.py.
 """
 
 from __future__ import annotations

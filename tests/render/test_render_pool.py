@@ -82,7 +82,7 @@ def test_a_worker_starts_clean_for_each_file() -> None:
     """One worker, two real files in turn: the encrypted one, then a damaged one that
     PDFium refuses without saying why. PDFium's last error ("password") used to come
     over from the first file, and the damaged file was reported as encrypted."""
-    real = Path(__file__).resolve().parent / "real_files"
+    real = Path(__file__).resolve().parents[1] / "real_files"
 
     async def scenario() -> None:
         pool = RenderPool(1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import make_pdf, sentence_lines
-from test_records import ERROR, valid
+from record_schemas import ERROR, valid
 
 from ocrd.config.load import parse_config
 from ocrd.intake import readiness

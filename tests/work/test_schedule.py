@@ -462,7 +462,7 @@ def test_a_remote_engines_page_waits_for_its_figures_as_the_url_sent(tmp_path: P
     """While the server has the page, the pipeline holds the PNG data URL the remote
     engine sent (~1 MB for an A4 page at 144 dpi), not the packed pixels (6 MB), and
     crops the page's figure from it, pixel for pixel."""
-    from test_remote_engine import FakeVllm
+    from fake_vllm import FakeVllm
 
     from ocrd.engines.remote import RemoteEngine
 

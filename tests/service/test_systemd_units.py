@@ -17,7 +17,7 @@ import pytest
 
 from ocrd.config.settings import Config
 
-UNITS = Path(__file__).resolve().parents[1] / "systemd"
+UNITS = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = UNITS / "ocrd.service"
 EXPOSURE_LIMIT = 3.0
 

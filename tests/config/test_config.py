@@ -16,7 +16,7 @@ from ocrd.config.check import is_internal, section_model
 from ocrd.config.load import load_config, parse_config
 from ocrd.config.settings import Config, ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _documented_keys(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:

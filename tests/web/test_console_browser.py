@@ -23,7 +23,7 @@ from helpers import Daemon, drop, free_port, make_pdf, sentence_lines, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AXE = ROOT / ".test-npm" / "axe-core" / "axe.min.js"
 ARTIFACTS = Path(os.environ.get("OCRD_TEST_ARTIFACTS") or ROOT / "test-artifacts" / "console")
 DESKTOP = (1440, 1100)  # as test_web_browser's browser starts

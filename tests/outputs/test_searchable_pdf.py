@@ -2,7 +2,7 @@
 
 Real tesseract, poppler (pdftotext, pdfinfo), PDFium and qpdf (pikepdf) throughout; the
 documents are made here. The DeepSeek-OCR-2 path runs the remote engine against the fake
-`vllm serve` of test_remote_engine.py, which answers with grounding tags as the model does.
+`vllm serve` of tests/fake_vllm.py, which answers with grounding tags as the model does.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from PIL import Image, ImageChops, ImageOps
 
 from ocrd.engines import tesseract_tsv
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _BBOX = re.compile(r'<word xMin="([\d.]+)" yMin="([\d.]+)" xMax="([\d.]+)" yMax="([\d.]+)">'
                    r"(.*?)</word>")
 
@@ -193,7 +193,7 @@ def test_scanned_pdf_text_is_found_where_tesseract_saw_it(converted: dict) -> No
 
 def test_sidecars_with_the_pdf_match_the_schema(converted: dict, tmp_path: Path) -> None:
     from helpers import make_pdf
-    from test_records import valid, validator
+    from record_schemas import valid, validator
 
     out = convert_remote(tmp_path, [make_pdf(tmp_path / "g.pdf", [[]])], GROUNDED)
     check = validator("sidecar.schema.json")
@@ -291,7 +291,7 @@ def convert_remote(tmp: Path, files: list[Path], text: str,
                    pdf_text_layer: str = "skip_if_text", failing: tuple[str, ...] = ()) -> Path:
     """`ocrd convert --engine remote --pdf` in this process, against a fake vllm serve;
     `failing`: the reasons of the files expected to fail."""
-    from test_remote_engine import MODEL, FakeVllm
+    from fake_vllm import MODEL, FakeVllm
 
     from ocrd.cli import _convert
     from ocrd.config.load import parse_config

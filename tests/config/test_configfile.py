@@ -16,26 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port, make_pdf, sentence_lines, wait_for
+from helpers import make_pdf, sentence_lines, wait_for, write_config
 
 from ocrd import cli
 from ocrd.config import source
 from ocrd.config.load import parse_config
 from ocrd.config.settings import ConfigError, EngineConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_config(root: Path, **top: object) -> Path:
-    (root / "inbox").mkdir(parents=True, exist_ok=True)
-    cfg = {"state_dir": str(root / "state"), "engine": {"kind": "tesseract"},
-           "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-           "log": {"format": "json"},
-           "inboxes": [{"path": str(root / "inbox"), "outbox": str(root / "outbox"),
-                        "failed": str(root / "failed"), "on_success": "delete"}], **top}
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

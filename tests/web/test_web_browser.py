@@ -21,7 +21,7 @@ from helpers import Daemon, drop, free_port, make_pdf, recall, sentence_lines, w
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 ARTIFACTS = Path(os.environ.get("OCRD_TEST_ARTIFACTS") or
-                 Path(__file__).resolve().parents[1] / "test-artifacts" / "console")
+                 Path(__file__).resolve().parents[2] / "test-artifacts" / "console")
 
 
 def shot(driver: object, name: str) -> Path:
@@ -163,11 +163,11 @@ def test_sign_in_with_the_token_opens_the_console(browser, tmp_path: Path) -> No
 
 
 class FakeServer:
-    """A fake `vllm serve` (tests/test_remote_engine.py) on its own loop and thread: the
+    """A fake `vllm serve` (tests/fake_vllm.py) on its own loop and thread: the
     model's output is whatever the test says, as a hostile page would make it say."""
 
     def __init__(self, text: str) -> None:
-        from test_remote_engine import FakeVllm
+        from fake_vllm import FakeVllm
 
         self.fake = FakeVllm(latency=0.01, text=text)
         self.loop = asyncio.new_event_loop()

@@ -37,7 +37,7 @@ from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.pipeline.pages import EngineGate
 from ocrd.vllm_model import plugin, start_gate
 
-FAKE = [sys.executable, str(Path(__file__).parent / "fake_vllm_serve.py")]
+FAKE = [sys.executable, str(Path(__file__).parents[1] / "fake_vllm_serve.py")]
 MODEL = "deepseek-ai/DeepSeek-OCR-2"
 
 
@@ -104,7 +104,7 @@ def fake_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     record.mkdir()
     return {"FAKE_VLLM_RECORD": str(record), "FAKE_VLLM_START_SECONDS": "0.5",
             "FAKE_VLLM_LATENCY": "0.2", "PYTHONPATH": os.pathsep.join(
-                [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+                [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
             "HF_HUB_OFFLINE": "1"}
 
 
@@ -444,7 +444,7 @@ def test_a_server_whose_children_outlive_it_is_noticed_and_cleared(
 
 # ---- CUDA MPS for the servers of a GPU (ocrd/engines/vllm/mps.py) ------------------------------
 
-FAKE_MPS = [sys.executable, str(Path(__file__).parent / "fake_mps_control.py")]
+FAKE_MPS = [sys.executable, str(Path(__file__).parents[1] / "fake_mps_control.py")]
 
 
 @pytest.fixture
@@ -605,7 +605,7 @@ def test_an_mps_daemon_stops_when_ocrd_is_killed_outright(tmp_path: Path) -> Non
         f"    os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
         "    await asyncio.sleep(3600)\n"
         "asyncio.run(main())\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     ocrd = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, env=env)
     pid = 0
     try:

@@ -10,21 +10,9 @@ from pathlib import Path
 
 import pytest
 from daemon_process import ocrd_command, ocrd_env
-from helpers import make_pdf, sentence_lines
+from helpers import make_pdf, office_open_xml, sentence_lines
 
 from ocrd.render import formats
-
-
-def office_open_xml(path: Path, part: str) -> Path:
-    """A package as Word/Excel/PowerPoint write one: content types, relationships, the
-    main part under word/, xl/ or ppt/, document properties last."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("[Content_Types].xml", '<?xml version="1.0"?><Types xmlns="http://'
-                   'schemas.openxmlformats.org/package/2006/content-types"/>')
-        z.writestr("_rels/.rels", "<Relationships/>")
-        z.writestr(f"{part}/document.xml", "<document>" + "words " * 2000 + "</document>")
-        z.writestr("docProps/app.xml", "<Properties/>")
-    return path
 
 
 def open_document(path: Path, mimetype: str) -> Path:

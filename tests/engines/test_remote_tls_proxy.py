@@ -5,7 +5,7 @@ and connections kept alive yet still cut when a page is cancelled.
 
 Real TLS (certificates made here with the openssl command), a real HTTP proxy (asyncio,
 CONNECT tunnels and forwarded requests, counting both), and the fake `vllm serve` of
-test_remote_engine.py; the managed-server test runs ocrd's launcher as it is, with that
+tests/fake_vllm.py; the managed-server test runs ocrd's launcher as it is, with that
 fake standing in for the `vllm` package.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_configfile import write_config
-from test_remote_engine import FakeVllm, config, fast_backoff, page  # noqa: F401
+from fake_vllm import FakeVllm, config, page
+from helpers import write_config
 
 from ocrd import cli
 from ocrd.config.load import parse_config
@@ -33,7 +33,7 @@ from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.vllm.managed import ManagedServerEngine
 from ocrd.errors import EngineUnavailable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
@@ -294,7 +294,7 @@ def test_no_proxy_hosts_are_reached_directly(env: pytest.MonkeyPatch) -> None:
 
 FAKE_VLLM_CLI = """\
 import asyncio, sys
-from test_remote_engine import FakeVllm
+from fake_vllm import FakeVllm
 
 def main():
     args = sys.argv[1:]  # serve MODEL --flag value ...
