@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
-from bench.remote_client import REMOTE_CASES  # noqa: E402
 from bench.search import SEARCH_CASES  # noqa: E402
 from bench.structure import STRUCTURE_CASES  # noqa: E402
 from bench.worst_text import WORST_TEXT_CASES  # noqa: E402
@@ -96,11 +95,6 @@ def summary(r: Result) -> str:
     if r.name.startswith("burst"):
         return (f"{d['files']} files, {d['files_per_s']} files/s, peak RSS "
                 f"{d['peak_rss_mb']} MB, exactly once: {d['exactly_once']}")
-    if r.name.startswith("remote_client"):
-        return (f"aiohttp vs old client: {d['best_per_s']['aiohttp']} vs "
-                f"{d['best_per_s']['old']} pages/s, {d['median_cpu_ms']['aiohttp']} vs "
-                f"{d['median_cpu_ms']['old']} client CPU ms a page (server "
-                f"{d['latency_s']:g} s a page, {d['concurrency']} in flight)")
     if r.name.startswith("console_1100_idle"):
         idle = max(x["pages_per_s"] for x in d["idle"])
         crowd = max(d["crowded"], key=lambda x: x["pages_per_s"])
@@ -126,7 +120,6 @@ def summary(r: Result) -> str:
 
 
 CASES.update(CONSOLE_CASES)
-CASES.update(REMOTE_CASES)
 CASES.update(STRUCTURE_CASES)
 CASES.update(SEARCH_CASES)
 CASES.update(WORST_TEXT_CASES)
