@@ -94,6 +94,7 @@ def test_the_wheel_carries_the_consoles_files(wheel: Path) -> None:
     assert sorted(set(files) - names) == []
 
 
+@pytest.mark.e2e
 def test_ocrd_refuses_to_start_beside_ocr_d(wheel: Path, tmp_path: Path) -> None:
     assert OCRD_D_WHEEL.exists(), "run ./scripts/test: it downloads OCR-D's wheel"
     # OCR-D first, ocrd second: the `ocrd` command is ours, OCR-D's ocrd/cli/ package

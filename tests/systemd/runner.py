@@ -263,7 +263,7 @@ def stop() -> None:
 def large_entry() -> None:
     """A log entry larger than a datagram (sent as a memfd) and a multi-line value (the
     binary form), through a real journald."""
-    code = ("import structlog; from ocrd import log; log.setup('info'); "
+    code = ("import structlog; from ocrd.service import log; log.setup('info'); "
             "structlog.get_logger('ocrd.test').info('big_event', blob='x' * 300000, "
             "lines='first' + chr(10) + 'second')")
     # A unit of its own (systemd-run would need D-Bus, which this container lacks), so
