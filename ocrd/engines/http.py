@@ -5,7 +5,7 @@ for https, NO_PROXY) the way other tools on the machine do, and vLLM itself depe
 it, so it is there wherever vLLM is. It is asyncio-native: cancelling a request closes
 its connection, and vLLM aborts a request whose client hung up. httpx would do the same
 things at several times the CPU per request; aiohttp costs no more than a minimal
-hand-written client (bench/RESULTS.md).
+hand-written client.
 Proxies come from `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` (either case), with urllib's
 rules, as `systemd/ocrd.default` documents. An answer is read up to a limit the caller
 gives, never further: whatever a server sends, memory stays bounded.

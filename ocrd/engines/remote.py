@@ -154,7 +154,7 @@ def png_bytes(image: Image.Image) -> bytes:
     Pillow's PNG writer tries five filters on every row and keeps the best: on a page
     rendered at 144 dpi that search is most of its time, and the daemon pays it for
     every page it sends (hundreds in flight on a GPU host). Unfiltered rows deflate in
-    about half the time to a PNG of about the same size (bench/RESULTS.md); zlib lets
+    about half the time to a PNG of about the same size; zlib lets
     go of the GIL meanwhile, so pages encode side by side in the daemon's threads."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     width, height = rgb.size

@@ -27,7 +27,7 @@ def sizes(setting: int | None, pages_in_flight: int, a4_cost: int) -> tuple[int,
     when unset, 1 GiB raised to what the engine's pages in flight cost as A4 pages (with
     a quarter more for pages rendered ahead), one page at most 1 GiB. A GPU engine keeps
     hundreds of pages in flight; a fixed 1 GiB held far fewer in flight and left the GPU
-    starved (bench/GPU_RESULTS.md), while a page's own cap stays where large scans'
+    starved, while a page's own cap stays where large scans'
     memory stays bounded."""
     if setting is not None:
         return setting, setting

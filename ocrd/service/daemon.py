@@ -373,7 +373,7 @@ def _keep_rss_near_live_memory() -> None:
     """Page images (megabytes each) are allocated and freed all the time. After the
     first such free glibc raises its mmap threshold and serves them from its heaps, which
     keep freed memory: the daemon's RSS then sat well above what was live on a long PDF
-    (the suite's memory cases, bench/RESULTS.md). A fixed threshold keeps large buffers
+    (the suite's memory cases). A fixed threshold keeps large buffers
     mmapped, returned to the system when freed. Not with the in-process vLLM engine: its
     image processing is the bottleneck there, and would pay page faults for every tensor."""
     import ctypes

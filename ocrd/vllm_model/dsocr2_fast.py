@@ -6,7 +6,7 @@ there are tiles, SAM on the tiles, then the 24-layer Qwen2 "decoder as encoder" 
 In vLLM ≤ 0.24 that encoder also builds its attention mask position by position: two
 GPU index writes per query position (256 + 6 × 144 per A4 page), each from CPU indices.
 On a big GPU that engine-side work capped the whole engine at a fraction of the pages
-per second the same GPU decodes (bench/GPU_RESULTS.md).
+per second the same GPU decodes.
 
 `FastDeepseekOCR2ForCausalLM` keeps vLLM's modules and weights and changes only how they
 are called:
@@ -30,7 +30,7 @@ are called:
   the kernels, and their rounding, may follow the size of the page's call — as vLLM's
   own decoder steps follow the batch size).
 
-Two more changes, on a GPU only (measured faster on an H200, bench/GPU_RESULTS.md):
+Two more changes, on a GPU only (measured faster on an H200):
 - SAM's attention layers run ocrd's fused kernel (ocrd/vllm_model/relpos_attention.py):
   the relative-position bias is added inside a flash-attention kernel instead of being
   written out as a heads × tokens² tensor;

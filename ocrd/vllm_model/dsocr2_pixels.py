@@ -6,7 +6,7 @@ cuts a page into views with Pillow, turns every view into float32 (`ToTensor`,
 view, six 768 px tiles) becomes 27.5 MB of bf16 that is sent to the engine core,
 decoded there (msgpack, a copy), stacked with the step's other pages on the engine
 core's one thread (`MultiModalFlatField/BatchedField._reduce_data`, a large share of
-that thread's time in a served run, bench/GPU_RESULTS.md) and copied to the GPU. The
+that thread's time in a served run) and copied to the GPU. The
 engine core's thread is what limits one served engine.
 
 With `OCRD_VLLM_PIXELS=uint8` (set by ocrd for the engines it starts when

@@ -7,7 +7,7 @@ it request by request inside the engine core's step: a Python scan of the window
 tuple per position, then one GPU write per request from a pageable list — which waits
 for the GPU's forward pass to finish, so the host stops preparing the next step. With
 hundreds of pages in flight on a big GPU that costs the engine a large part of its pages
-per second (bench/GPU_RESULTS.md).
+per second.
 
 This processor bans the same tokens (tests/vllm_engine/test_ngram.py compares it with
 vLLM's on random sequences, call by call as outputs grow) from an index per request that
@@ -40,7 +40,7 @@ class NoRepeatNGram:
     few dict operations whatever the text looks like. (A full scan costs more the more
     positions match — most on a run of one token, where every position matches the
     first token — and with hundreds of pages in flight it was a visible share of the
-    engine core's thread, bench/GPU_RESULTS.md.) If the output is not what the index was
+    engine core's thread.) If the output is not what the index was
     built from (shorter, or its last token changed), the index is rebuilt."""
 
     __slots__ = ("ngram_size", "window_size", "whitelist_token_ids", "_follow", "_keys",
@@ -152,7 +152,7 @@ class NGramBanLogitsProcessor(NGramPerReqLogitsProcessor):
             # one index, copied from pinned memory without waiting, and a fill with the
             # value as a kernel argument (`logits[i, j] = -inf` goes through index_put_
             # with a value tensor, which took a visible share of the engine core's main
-            # thread on a GPU, bench/GPU_RESULTS.md)
+            # thread on a GPU)
             index = torch.tensor(flat, dtype=torch.long,
                                  pin_memory=self.pin_memory and logits.is_cuda)
             index = index.to(logits.device, non_blocking=True)

@@ -7,13 +7,13 @@ Every layer adds a decomposed relative-position bias to its attention scores:
 full tensor (heads × tokens² per view: 0.4 GB for a global layer of one 1024 px view, in
 bf16), writes it with a broadcasting add and reads it back in PyTorch's memory-efficient
 attention kernel. On an H200 the attention and those elementwise kernels were most of
-the encoder's GPU time (bench/GPU_RESULTS.md).
+the encoder's GPU time.
 
 `relpos_attention` computes the same attention without the tensor: a flash-attention
 forward (online softmax over key blocks) that adds the two small factors to the scores
 in registers, as two dots per key block of the query block's factors (loaded once) with
 one-hot matrices built in registers: the bias on the tensor cores (measured faster on an
-H200 than gathering the factors per key block, bench/GPU_RESULTS.md). `lean_forward`
+H200 than gathering the factors per key block). `lean_forward`
 feeds it strided views and takes its output in the layout the next projection reads,
 without vLLM's copies around the attention. Its work
 per view does not depend on the other views of the call (one program per query block
@@ -47,7 +47,7 @@ LOG2E = math.log2(math.e)  # the kernel spells it out: Triton reads no module gl
 # TRITON_INTERPRET=1 runs kernels on the CPU (the tests); its dot has no bf16
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # (query block, key block, warps, pipeline stages). On an H200 128×64 with 8 warps and
-# 3 stages was slower (bench/GPU_RESULTS.md).
+# 3 stages was slower.
 BLOCKS = (64, 64, 4, 2)
 # lean_forward (no copies around the kernel) unless OCRD_VLLM_SAM_LEAN=0
 LEAN = os.environ.get("OCRD_VLLM_SAM_LEAN", "1") != "0"
@@ -223,7 +223,7 @@ def lean_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     leaves them in, and the kernel writes its output tokens-first, where `proj` reads it.
     vLLM's way copies q, k and v to heads-first (3 × the layer's activations), q twice
     more inside its einsums, both factors and the output (copy kernels were a visible
-    share of the encoder's time on an H200, bench/GPU_RESULTS.md); this
+    share of the encoder's time on an H200); this
     copies q twice, inside the two einsums. The same products and sums: the factors
     are the same einsums over the same q."""
     views, height, width, _ = x.shape

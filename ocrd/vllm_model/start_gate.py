@@ -3,7 +3,7 @@
 vLLM sizes an engine's KV cache from what its worker sees of the GPU's memory: a
 snapshot when the device is set up, then the growth while it loads the weights, profiles
 a forward pass and captures CUDA graphs. Another process allocating on the same GPU
-meanwhile is counted as this engine's own use (bench/GPU_RESULTS.md). Starting the
+meanwhile is counted as this engine's own use. Starting the
 servers of a GPU one after another avoids that but takes each server's whole start time
 in turn, most of it importing vLLM.
 

@@ -3,13 +3,13 @@
 One vLLM front end prepares every page image on one CPU thread (resize, tiles,
 normalisation), and inside ocrd that thread is the daemon's own. `vllm serve
 --api-server-count N` runs N front-end processes around one engine core, so N pages are
-prepared at once, outside ocrd (measured faster than the in-process engine on an H200,
-bench/GPU_RESULTS.md). One engine core's thread in turn cannot keep a big GPU busy (two
-servers on one H200 convert more pages per second than one, bench/GPU_RESULTS.md), so
-ocrd can run several: `servers_per_gpu` on each GPU (or group of GPUs) of
-`engine.vllm.gpus`, each with its share of the GPU's memory and of the front ends, its
-own port on 127.0.0.1 and CUDA_VISIBLE_DEVICES (ocrd/engines/vllm/serve_args.py). The remote
-engine's client balances the pages across them (the fewest in flight first).
+prepared at once, outside ocrd (measured faster than the in-process engine on an H200). One
+engine core's thread in turn cannot keep a big GPU busy (two servers on one H200 convert
+more pages per second than one), so ocrd can run several: `servers_per_gpu` on each GPU (or
+group of GPUs) of `engine.vllm.gpus`, each with its share of the GPU's memory and of the
+front ends, its own port on 127.0.0.1 and CUDA_VISIBLE_DEVICES
+(ocrd/engines/vllm/serve_args.py). The remote engine's client balances the pages across them
+(the fewest in flight first).
 
 start() returns when every server answers /health. Every server starts at once: vLLM
 sizes its KV cache from the memory free while it starts, so servers that share a GPU pass

@@ -7,7 +7,7 @@ leave room for the other's. Under MPS (NVIDIA's Multi-Process Service: one
 `nvidia-cuda-mps-server` per user and GPU, through which every client's kernels run)
 their kernels share the SMs: two processes that each run kernels filling few SMs wait
 for each other less than time-sliced (measured on an H200 with a probe and with ocrd's
-servers, both ways: bench/GPU_RESULTS.md).
+servers, both ways).
 
 ocrd runs one `nvidia-cuda-mps-control -f` per group of GPUs whose servers share it,
 as its own child in its own session (with "die with my parent" set, like the servers),

@@ -1,10 +1,10 @@
 """The vLLM layout for the GPUs this machine has.
 
 With `engine.vllm.profile: auto` ocrd reads the GPUs (nvidia-smi: memory, compute
-capability, count) and takes one of a few layouts measured on real hardware
-(bench/GPU_RESULTS.md): several `vllm serve` processes under CUDA MPS on a big Hopper-class
-GPU, one managed server with several front ends on a 24-48 GB card, the engine inside ocrd
-on anything else. A key set in the configuration always wins over the profile's value.
+capability, count) and takes one of a few layouts measured on real hardware: several `vllm
+serve` processes under CUDA MPS on a big Hopper-class GPU, one managed server with several
+front ends on a 24-48 GB card, the engine inside ocrd on anything else. A key set in the
+configuration always wins over the profile's value.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Profile:
 
 def front_ends_per_gpu(cpus: int, gpus: int, servers_per_gpu: int) -> int:
     """Front-end processes per GPU: up to 8 (the layout measured on an H200 host with 16
-    cores, bench/GPU_RESULTS.md), and never more than the cores leave beside each GPU's
+    cores), and never more than the cores leave beside each GPU's
     engine cores."""
     cores = max(1, cpus // max(1, gpus))
     return max(servers_per_gpu, min(8, cores // 2, cores - servers_per_gpu))
