@@ -119,7 +119,7 @@ def old_parse() -> Any:
         if _old_parse is None:
             src = subprocess.run(["git", "show", f"{OLD_COMMIT}:ocrd/engines/tesseract_tsv.py"],
                                  cwd=ROOT, capture_output=True, text=True, check=True).stdout
-            src = src.replace("from .base import Word", "from ocrd.engines.base import Word")
+            src = src.replace("from .base import Word", "from ocrd.outputs.page import Word")
             spec = importlib.util.spec_from_loader("old_tesseract_tsv", loader=None)
             assert spec is not None
             module = importlib.util.module_from_spec(spec)

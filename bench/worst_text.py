@@ -138,9 +138,9 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
     from ocrd.engines import create_engine
     from ocrd.outputs import destinations
     from ocrd.pipeline.document import Converter
+    from ocrd.pipeline.schedule import FairSlots
     from ocrd.pipeline.source import Source
     from ocrd.render.pool import RenderPool
-    from ocrd.work.schedule import FairSlots
 
     image = folder / "page.png"
     Image.new("RGB", (300, 400), "white").save(image)

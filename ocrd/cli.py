@@ -422,8 +422,8 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
     from ocrd.engines import create_engine
     from ocrd.pipeline.batch import Batch, Outcome
     from ocrd.pipeline.document import Converter
+    from ocrd.pipeline.schedule import FairSlots
     from ocrd.render.pool import RenderPool
-    from ocrd.work.schedule import FairSlots
 
     engine = create_engine(cfg.engine)
     try:

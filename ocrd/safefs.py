@@ -196,6 +196,16 @@ class Dir:
         with contextlib.suppress(FileNotFoundError):
             self.rmdir(name)
 
+    def remove_empty(self, parts: tuple[str, ...]) -> None:
+        """Remove the empty folders parts[0]/…/parts[-1] below this one, deepest first;
+        stops at the first that is not empty (or not there)."""
+        for depth in range(len(parts), 0, -1):
+            try:
+                with self.walk(parts[:depth - 1]) as parent:
+                    parent.rmdir(parts[depth - 1])
+            except OSError:
+                return
+
     def fsync(self) -> None:
         os.fsync(self.fd)
 

@@ -9,7 +9,8 @@ import structlog
 
 from ocrd.config.secrets import with_api_key
 from ocrd.config.settings import EngineConfig
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
+from ocrd.outputs.page import PageOutput
 
 __all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine", "with_profile"]
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from PIL import Image
 
 from ocrd.outputs.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
 from ocrd.outputs.modeltext import inert_markdown
+from ocrd.outputs.page import PageOutput
 
 # What the inbox asked for; engines with a prompt (DeepSeek-OCR-2: deepseek_ocr2.prompt)
 # turn it into theirs, the others ignore it.
@@ -45,39 +46,6 @@ class PageRequest:
     # (the pipeline keeps it for the page's figures instead of the packed page: a sixth
     # of the memory, nothing copied — the engine holds that string anyway)
     on_encoded: Callable[[str], None] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Word:
-    """A word and where it is: pixels (left, top, right, bottom) of the page image the
-    engine was given. Engines that see words (tesseract) report them; the searchable
-    PDF lays each word over its box (ocrd/outputs/textlayer.py)."""
-
-    text: str
-    box: tuple[int, int, int, int]
-
-
-@dataclass
-class PageOutput:
-    """What the engine made of one page."""
-
-    text: str  # raw model output (grounding tags included) or plain text
-    finish_reason: str = "stop"  # "stop" is normal; "length"/"repetition" mean a loop
-    tokens: int | None = None  # generated tokens (of the kept attempt)
-    prompt_tokens: int | None = None
-    attempts: int = 1
-    # set when the kept text is not a normal finish: the reason, for the sidecar
-    degraded: str | None = None
-    seconds: float = 0.0
-    # timestamps (time.time()) when the engine started and finished this page
-    started_at: float = 0.0
-    finished_at: float = 0.0
-    # degrees (clockwise) the page was turned before it was read; None = the
-    # engine does not detect orientation
-    rotation: int | None = None
-    extra: dict = field(default_factory=dict)
-    # the page's words with their boxes, where the engine gives them (None: no geometry)
-    words: list[Word] | None = None
 
 
 class Engine(abc.ABC):

@@ -14,8 +14,9 @@ import random
 import time
 
 from ocrd.config.engine import TestingFaultsConfig
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.outputs.page import PageOutput
 
 
 class FaultyEngine(Engine):

@@ -31,11 +31,12 @@ from PIL import Image
 
 from ocrd.config.settings import ConfigError, EngineConfig
 from ocrd.engines import deepseek_ocr2
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.deepseek_ocr2 import AttemptSettings
 from ocrd.engines.http import Answer, BadAnswer, Client, ServerTrouble, ServerUnreachable
 from ocrd.engines.repetition import Attempt, convert_with_retries
 from ocrd.errors import EngineUnavailable
+from ocrd.outputs.page import PageOutput
 
 log = structlog.get_logger(__name__)
 

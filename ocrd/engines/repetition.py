@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ocrd.config.settings import EngineConfig
-from ocrd.engines.base import PageOutput
 from ocrd.engines.deepseek_ocr2 import AttemptSettings, attempt_settings
+from ocrd.outputs.page import PageOutput
 
 # Looping tails are found with periods up to this many characters (long table rows).
 MAX_LOOP_PERIOD_CHARS = 2000

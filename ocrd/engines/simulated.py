@@ -28,8 +28,9 @@ import structlog
 from PIL import Image
 
 from ocrd.config.settings import EngineConfig
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
+from ocrd.outputs.page import PageOutput
 
 log = structlog.get_logger("ocrd.engine.simulated")
 

@@ -22,9 +22,10 @@ from PIL import Image
 
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import orientation, tesseract_tsv
-from ocrd.engines.base import Engine, PageOutput, PageRequest, Word
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
 from ocrd.outputs import structure as page_structure
+from ocrd.outputs.page import PageOutput, Word
 from ocrd.render import modes
 
 log = structlog.get_logger("ocrd.engine.tesseract")

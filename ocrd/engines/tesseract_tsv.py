@@ -10,8 +10,8 @@ character or word of them apart.
 
 from __future__ import annotations
 
-from ocrd.engines.base import Word
 from ocrd.outputs import cjk
+from ocrd.outputs.page import Word
 from ocrd.outputs.structure import Line, Reading, Token
 
 _WORD_LEVEL = "5"

@@ -3,7 +3,7 @@
 The types a file passes through, and why each exists:
   Entry      (intake/watch.py)     what a scan or an event saw: name, size, mtime, inode
   Candidate  (intake/readiness.py) an entry being watched until it is ready
-  Item       (here)         a claimed file: its journal row and its place in the work area
+  Item       (work/item.py)  a claimed file: its journal row and its place in the work area
   Source     (pipeline/document.py)  the claimed file opened for one conversion
   Job        (work/journal.py)   the row that survives restarts
 
@@ -19,60 +19,19 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
 
 import structlog
 
 from ocrd import errors, safefs
-from ocrd.intake.inboxes import Inbox, remove_empty
-from ocrd.intake.watch import WORK_DIR_NAME, Entry
+from ocrd.intake.inboxes import Inbox
+from ocrd.intake.watch import Entry
 from ocrd.outputs import destinations
 from ocrd.render.pages import DocInfo
 from ocrd.work import kept as kept_marks
+from ocrd.work.item import Item, claim_parts
 from ocrd.work.journal import Journal
 
 log = structlog.get_logger("ocrd.intake.claims")
-
-
-@dataclass
-class Item:
-    """A claimed file, in the scheduler and on its way to an outcome."""
-
-    job_id: int
-    inbox: Inbox
-    relpath: str  # the file's path in its inbox ("sub/scan.pdf")
-    claim: tuple[str, ...]  # its folders below .ocrd-work: (instance, job id, *subfolders)
-    info: DocInfo | None = None
-    claimed_at: float = 0.0  # time.time(): the sidecar's claimed_at
-    claimed_mono: float = 0.0  # time.monotonic() of a claim in this run: its duration
-    retries: int = 0  # destination failures so far (backoff)
-    own_failures: int = 0  # of those, failures of this file alone (then plain names)
-    stage: str = "convert"  # convert | dispose (outputs written, the original is left)
-    output: str = ""  # the Markdown written (stage dispose)
-    error: errors.OcrdError | None = None  # fail it instead of converting
-    extra: dict = field(default_factory=dict)  # facts for the error file
-    order: tuple = ()  # the scheduler's order key (batch, cost, seq), for the page slots
-    sha256: str | None = None  # once known (the conversion hashes the file)
-
-    @property
-    def name(self) -> str:
-        return self.relpath.rsplit("/", 1)[-1]
-
-    @property
-    def folders(self) -> tuple[str, ...]:
-        return tuple(self.relpath.split("/")[:-1])
-
-    @property
-    def claim_path(self) -> str:
-        return str(self.inbox.path.joinpath(WORK_DIR_NAME, *self.claim, self.name))
-
-    def open_claim_folder(self) -> safefs.Dir:
-        with self.inbox.open_root() as root:
-            return root.walk((WORK_DIR_NAME, *self.claim))
-
-
-def claim_parts(inbox: Inbox, job_id: int, relpath: str) -> tuple[str, ...]:
-    return (inbox.instance, str(job_id), *relpath.split("/")[:-1])
 
 
 class Claims:
@@ -201,4 +160,4 @@ def _kept_by_another(inbox: Inbox, item: Item, claimed: safefs.Dir) -> bool:
 
 def _remove_job_folder(work: safefs.Dir, parts: tuple[str, ...]) -> None:
     """The job folder (and mirrored subfolders) of a claim that did not happen."""
-    remove_empty(work, parts)
+    work.remove_empty(parts)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -27,12 +25,12 @@ from pathlib import Path
 
 import structlog
 
+from ocrd.conditions import Conditions
 from ocrd.config.roots import MISSING, Roots
 from ocrd.config.settings import InboxConfig
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.watch import (
     MAX_DEPTH,
-    WORK_DIR_NAME,
     Entry,
     Ignore,
     Observers,
@@ -42,11 +40,10 @@ from ocrd.intake.watch import (
 )
 from ocrd.outputs import destinations as outbox
 from ocrd.safefs import Dir
-from ocrd.service.conditions import Conditions
+from ocrd.work.area import WORK_DIR_NAME
 
 log = structlog.get_logger("ocrd.intake.inboxes")
 
-OWNER_FILE = ".owner"
 # how often each inbox's folders are compared with their pins
 FOLDER_CHECK_SECONDS = 1.0
 # observers that may die within WATCH_RESTART_WINDOW before the inbox is polled instead
@@ -117,27 +114,10 @@ class Inbox:
             return "a destination refused a file; ocrd tries again shortly"
         return None
 
-    def mark_owner(self, state_dir: Path) -> None:
-        """Say in the work area whose it is, so that a later instance on this host can
-        adopt it if this one's state is lost (work/recovery.py)."""
-        body = json.dumps({"host": host_id(), "state_dir": str(state_dir),
-                           "instance": self.instance}).encode()
-        with self.open_work(create=True) as work:
-            outbox.write_atomic(work, OWNER_FILE, body, outbox.Perms(0o600, tag="owner"))
-
 
 def _folder_word(which: str) -> str:
     return {"path": "inbox folder", "failed": "failed folder",
             "archive": "archive folder"}.get(which, which)
-
-
-def host_id() -> str:
-    """This machine: its machine-id where there is one, else its host name."""
-    with contextlib.suppress(OSError):
-        ident = Path("/etc/machine-id").read_text().strip()
-        if ident:
-            return ident
-    return socket.gethostname()
 
 
 def perms_for(box: InboxConfig, instance: str) -> outbox.Perms:
@@ -463,13 +443,3 @@ class Inboxes:
                 inbox.next_scan = now + (poll if inbox.watch == "polling" else rescan)
                 due.append(inbox)
         return due
-
-
-def remove_empty(folder: Dir, parts: tuple[str, ...]) -> None:
-    """Remove the empty folders folder/parts[0]/…/parts[-1], deepest first."""
-    for depth in range(len(parts), 0, -1):
-        try:
-            with folder.walk(parts[:depth - 1]) as parent:
-                parent.rmdir(parts[depth - 1])
-        except OSError:
-            return

@@ -20,16 +20,17 @@ from typing import Any
 import structlog
 
 from ocrd import errors, safefs
+from ocrd.conditions import Conditions
 from ocrd.config.settings import Config
 from ocrd.intake import readiness
-from ocrd.intake.claims import Claims, Item
+from ocrd.intake.claims import Claims
 from ocrd.intake.inboxes import Inbox, Inboxes
 from ocrd.intake.readiness import Candidate
 from ocrd.intake.watch import Entry, entry_for
 from ocrd.render import pages
 from ocrd.render.pool import RenderPool
 from ocrd.render.resolution import ESTIMATE_DPI
-from ocrd.service.conditions import Conditions
+from ocrd.work.item import Item
 from ocrd.work.journal import JournalUnwritable
 from ocrd.work.outcomes import STATE_BACKOFF_SECONDS
 

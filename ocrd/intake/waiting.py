@@ -5,16 +5,11 @@ reads ("empty — fails at 15:46 unless it changes"), for the console, its API a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ocrd.intake.inboxes import Inbox
 from ocrd.intake.readiness import Candidate
+from ocrd.live import WaitingFile
 from ocrd.names import shown
-from ocrd.web.live import ConvertingFile, WaitingFile
-
-if TYPE_CHECKING:
-    from ocrd.pipeline.source import DocProgress
 
 # readiness reasons that end in failed/ once the file stays unchanged long enough
 _FAILS_LATER = {"empty": "empty", "truncated": "truncated (incomplete)"}
@@ -61,15 +56,3 @@ def _one(inbox: Inbox, cand: Candidate, engine_open: bool, now: float,
                            f"for {cfg.quiet_seconds:g} s", reason="changing", until=at(quiet_at))
     return WaitingFile(**base, why="ready to be checked", reason="due",
                        until=at(max(now, cand.next_check)))
-
-
-def converting_files(docs: Iterable[DocProgress], wall: float) -> tuple[ConvertingFile, ...]:
-    """Documents being converted: page k of n, and the rest at this document's pace."""
-    out = []
-    for doc in docs:
-        eta = None
-        if 0 < doc.done < doc.pages:
-            eta = round((wall - doc.started) / doc.done * (doc.pages - doc.done), 1)
-        out.append(ConvertingFile(doc.src.job_id, shown(doc.src.name), shown(doc.src.inbox or ""),
-                                  doc.done, doc.pages, doc.started, eta))
-    return tuple(sorted(out, key=lambda f: f.started))

@@ -42,7 +42,6 @@ NETWORK_FS = {
     "gpfs", "davfs", "virtiofs", "vboxsf", "vmhgfs", "ncpfs", "beegfs", "ocfs2", "gfs2",
 }
 
-WORK_DIR_NAME = ".ocrd-work"
 # folders below an inbox that a recursive scan or watch enters; deeper ones are skipped
 MAX_DEPTH = 64
 

@@ -20,8 +20,8 @@ from typing import Any
 import structlog
 
 from ocrd import errors, safefs
-from ocrd.engines.base import PageOutput
 from ocrd.outputs import destinations, textpdf
+from ocrd.outputs.page import PageOutput
 from ocrd.outputs.textlayer import FontMap, PageLayer, page_layer
 
 log = structlog.get_logger("ocrd.outputs.searchable_pdf")

@@ -23,8 +23,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ocrd.engines.base import PageOutput, Word
 from ocrd.outputs import markdown
+from ocrd.outputs.page import PageOutput, Word
 
 # tesseract's glyph-less font (tessdata/pdf.ttf, Apache-2.0 like ocrd): one empty glyph,
 # 500 units wide on a 1000-unit em, ascent 1000, descent 0.

@@ -28,13 +28,12 @@ from ocrd.engines.base import Engine
 from ocrd.outputs import destinations, records, searchable_pdf
 from ocrd.outputs.assets import Staging
 from ocrd.pipeline import budget
-from ocrd.pipeline.pages import DocumentPages, EngineGate
+from ocrd.pipeline.pages import DocumentPages, EngineGate, EngineTraffic
+from ocrd.pipeline.schedule import FairSlots
 from ocrd.pipeline.source import DocProgress, Source
 from ocrd.render import pages
 from ocrd.render import resolution as resolutions
 from ocrd.render.pool import DocumentWorkers, RenderPool
-from ocrd.service.systemd import Liveness
-from ocrd.work.schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline.document")
 
@@ -75,7 +74,7 @@ def sha256_fd(fd: int) -> str:
 class Converter:
     def __init__(self, cfg: Config, engine: Engine, pool: RenderPool,
                  slots: FairSlots, reservations: destinations.Reservations | None = None,
-                 metrics: Any = None, liveness: Liveness | None = None) -> None:
+                 metrics: Any = None, liveness: EngineTraffic | None = None) -> None:
         self.cfg = cfg
         self.liveness = liveness
         self.engine = engine

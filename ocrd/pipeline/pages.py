@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from ocrd import errors
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import modeltext
+from ocrd.outputs.page import PageOutput
 from ocrd.pipeline import budget
 from ocrd.render import pages
 from ocrd.render import pixels as pagepixels
@@ -33,11 +34,10 @@ if TYPE_CHECKING:
     from ocrd.outputs import searchable_pdf
     from ocrd.outputs.assets import Staging
     from ocrd.outputs.markdown import PageMarkdown
+    from ocrd.pipeline.schedule import FairSlots
     from ocrd.pipeline.source import DocProgress, Source
     from ocrd.render.pool import DocumentWorkers
     from ocrd.render.resolution import Resolution
-    from ocrd.service.systemd import Liveness
-    from ocrd.work.schedule import FairSlots
 
 log = structlog.get_logger("ocrd.pipeline.pages")
 
@@ -80,6 +80,15 @@ class EngineGate:
             delay = min(delay * 2, 5.0)  # a health check is cheap; a waiting page is not
 
 
+class EngineTraffic(Protocol):
+    """Who is told when a page goes into the engine and when its call ends (the service's
+    watchdog: a page in the engine for too long means the daemon is stuck)."""
+
+    def page_sent(self) -> None: ...
+
+    def page_back(self) -> None: ...
+
+
 class Shared(Protocol):
     """What the pages of all documents share, held by the converter (document.py): the
     engine, its gate and slots, the memory budget, and the count of pages on their way."""
@@ -87,7 +96,7 @@ class Shared(Protocol):
     cfg: Config
     engine: Engine
     gate: EngineGate
-    liveness: Liveness | None
+    liveness: EngineTraffic | None
     metrics: Any
     resolution: Resolution
     memory: budget.MemoryBudget

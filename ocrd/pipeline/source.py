@@ -1,12 +1,15 @@
 """A document to convert (`Source`: its open file and what is known of it) and how far
-its conversion has come (`DocProgress`, what the console shows)."""
+its conversion has come (`DocProgress`, what the console shows: `converting_files`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ocrd import safefs
+from ocrd.live import ConvertingFile
+from ocrd.names import shown
 from ocrd.outputs import searchable_pdf
 from ocrd.render import pages
 
@@ -45,3 +48,15 @@ class DocProgress:
     pages: int
     started: float  # wall time its first page was asked for
     done: int = 0  # pages with their engine output
+
+
+def converting_files(docs: Iterable[DocProgress], wall: float) -> tuple[ConvertingFile, ...]:
+    """Documents being converted: page k of n, and the rest at this document's pace."""
+    out = []
+    for doc in docs:
+        eta = None
+        if 0 < doc.done < doc.pages:
+            eta = round((wall - doc.started) / doc.done * (doc.pages - doc.done), 1)
+        out.append(ConvertingFile(doc.src.job_id, shown(doc.src.name), shown(doc.src.inbox or ""),
+                                  doc.done, doc.pages, doc.started, eta))
+    return tuple(sorted(out, key=lambda f: f.started))

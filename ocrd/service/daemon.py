@@ -9,7 +9,7 @@ SIGHUP reloads the inbox settings without touching the engine.
 
 The parts that do the work are made once, in `Parts.build` (wiring.py), and each lives in
 its own module, in the order a file meets them: intake/loop.py (scans, hints, the readiness
-check) → intake/claims.py → work/schedule.py → work/jobs.py → pipeline/document.py →
+check) → intake/claims.py → pipeline/schedule.py → pipeline/jobs.py → pipeline/document.py →
 work/outcomes.py; work/recovery.py at start; service/systemd.py for systemd.
 """
 
@@ -34,12 +34,14 @@ from ocrd.config.settings import Config, ConfigError
 from ocrd.engines import create_engine
 from ocrd.engines.base import Engine
 from ocrd.intake.inboxes import Inbox
-from ocrd.intake.waiting import converting_files, waiting_files
+from ocrd.intake.waiting import waiting_files
+from ocrd.live import InboxLive, Live, LiveStatus
+from ocrd.pipeline.source import converting_files
 from ocrd.render.pool import RenderPool
 from ocrd.service.metrics import HealthServer, Metrics
 from ocrd.service.systemd import Heartbeat, Liveness, Notifier
 from ocrd.service.wiring import Parts
-from ocrd.web import Console, InboxLive, Live, LiveStatus
+from ocrd.web import Console
 from ocrd.work.recovery import Recovery, prepare_inbox
 from ocrd.work.state import StateError, StateFolder
 
@@ -343,7 +345,7 @@ class Daemon:
         return not self.ready or self.liveness.live()
 
     def _live(self) -> Live:
-        """The console's view of what only the daemon knows (ocrd/web/live.py); runs on
+        """The console's view of what only the daemon knows (ocrd/live.py); runs on
         this loop, called through LiveStatus from the console's thread."""
         parts, engine, now = self.parts, self.engine, time.monotonic()
         life = "stopping" if self.should_exit else "ready" if self.ready else "starting"

@@ -13,16 +13,17 @@ from ocrd import errors
 from ocrd.config.roots import Roots
 from ocrd.config.settings import Config
 from ocrd.engines.base import Engine
-from ocrd.intake.claims import Claims, Item
+from ocrd.intake.claims import Claims
 from ocrd.intake.inboxes import Inboxes
 from ocrd.intake.loop import Intake
 from ocrd.outputs import destinations
 from ocrd.pipeline.document import Converter
+from ocrd.pipeline.jobs import Jobs
+from ocrd.pipeline.schedule import FairSlots, Scheduler
 from ocrd.render.pool import RenderPool
 from ocrd.service.systemd import Liveness
-from ocrd.work.jobs import Jobs
+from ocrd.work.item import Item
 from ocrd.work.outcomes import Outcomes
-from ocrd.work.schedule import FairSlots, Scheduler
 from ocrd.work.state import StateFolder
 
 
@@ -60,7 +61,7 @@ class Parts:
         outcomes = Outcomes(state_folder.journal, metrics, resubmit=submit)
         jobs = Jobs(cfg, state_folder.journal, converter, outcomes, engine_dead=engine_dead)
         # Beyond max_active_documents, documents start while the engine has room (see
-        # work/schedule.py), at most one per page slot more.
+        # pipeline/schedule.py), at most one per page slot more.
         scheduler = Scheduler(jobs.run, cfg.schedule.max_active_documents,
                               cfg.schedule.batch_window_seconds, room=converter.has_room,
                               room_limit=cfg.schedule.max_active_documents + in_flight)

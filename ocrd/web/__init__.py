@@ -1,7 +1,6 @@
 """The web console: what ocrd did, every page next to its Markdown, retry what failed —
 and the same as a JSON API. Served by the daemon on `web.listen` (ocrd/web/server.py)."""
 
-from ocrd.web.live import InboxLive, Live, LiveStatus
 from ocrd.web.server import Console
 
-__all__ = ["Console", "InboxLive", "Live", "LiveStatus"]
+__all__ = ["Console"]

@@ -9,7 +9,7 @@ of connections that send nothing must not take them.
   connection goes after uvicorn's keep-alive timeout. Off loopback the token is checked
   only after the headers: these limits come first.
 - A failing accept (no descriptor to spare) and a full console are logged when first
-  met and then at most every few minutes with a count (service/conditions.py), never once per
+  met and then at most every few minutes with a count (conditions.py), never once per
   connection.
 """
 
@@ -29,7 +29,7 @@ import structlog
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ocrd.service.conditions import Conditions
+from ocrd.conditions import Conditions
 
 log = structlog.get_logger("ocrd.web")
 

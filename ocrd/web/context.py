@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ocrd.config.settings import Config
-from ocrd.web.live import Live
+from ocrd.live import Live
 from ocrd.web.store import Store
 
 

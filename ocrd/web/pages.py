@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from ocrd import __version__
+from ocrd.live import Live
 from ocrd.names import shown
 from ocrd.web.auth import Guard
 from ocrd.web.context import Context
-from ocrd.web.live import Live
 from ocrd.web.views import duration, eta_text, page_facts_text, size_text, when
 
 HERE = Path(__file__).parent

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sqlite3
 from urllib.parse import urlencode
 
+from ocrd.live import Live
 from ocrd.web.context import Context
-from ocrd.web.live import Live
 from ocrd.web.search import Query
 from ocrd.web.views import job_facts
 from ocrd.work.journal import FILTER_STATES

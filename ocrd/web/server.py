@@ -20,12 +20,12 @@ import uvicorn
 from ocrd.config import listen
 from ocrd.config.roots import Roots
 from ocrd.config.settings import Config
+from ocrd.live import LiveStatus
 from ocrd.render.previews import Previews
 from ocrd.web import connections
 from ocrd.web.app import create_app
 from ocrd.web.auth import load_secret, load_token
 from ocrd.web.context import Context
-from ocrd.web.live import LiveStatus
 from ocrd.web.search import Indexer
 from ocrd.web.store import Store
 

@@ -20,9 +20,9 @@ import time
 from typing import Any
 
 from ocrd import names
-from ocrd.intake.watch import WORK_DIR_NAME
 from ocrd.outputs import destinations, records
 from ocrd.safefs import Dir
+from ocrd.work.area import WORK_DIR_NAME
 
 KEPT_DIR = "kept"  # .ocrd-work/kept/: ocrd's marks, not a work area
 

@@ -29,12 +29,11 @@ from typing import Any
 import structlog
 
 from ocrd import errors, names, safefs
-from ocrd.intake.claims import Item
-from ocrd.intake.inboxes import Inbox, remove_empty
-from ocrd.intake.watch import WORK_DIR_NAME, Entry
 from ocrd.outputs import destinations as outbox
 from ocrd.outputs import records
 from ocrd.work import kept as kept_marks
+from ocrd.work.area import WORK_DIR_NAME, InboxView, SeenFile
+from ocrd.work.item import Item
 from ocrd.work.journal import Journal, JournalUnwritable
 
 log = structlog.get_logger("ocrd.work.outcomes")
@@ -162,7 +161,7 @@ class Outcomes:
         kept_marks.mark(root, relpath, st.st_size, st.st_mtime_ns, item.inbox.perms,
                   sha256=item.sha256, instance=item.inbox.instance)
 
-    def is_kept(self, inbox: Inbox, entry: Entry) -> bool:
+    def is_kept(self, inbox: InboxView, entry: SeenFile) -> bool:
         """A file converted with on_success: keep, unchanged since it was put back."""
         key = (entry.relpath, entry.size, entry.mtime_ns)
         # being put back (a worker thread's move, seen before it is recorded): asked
@@ -253,7 +252,7 @@ class Outcomes:
         """Remove the item's emptied job folder from the work area."""
         try:
             with item.inbox.open_root() as root, root.walk((WORK_DIR_NAME,)) as work:
-                remove_empty(work, item.claim)
+                work.remove_empty(item.claim)
         except OSError:
             pass
 
@@ -299,7 +298,7 @@ class Outcomes:
             handle.cancel()
 
 
-def marked_on_share(inbox: Inbox, relpath: str, size: int, mtime_ns: int) -> bool:
+def marked_on_share(inbox: InboxView, relpath: str, size: int, mtime_ns: int) -> bool:
     """Some daemon serving this inbox converted relpath (as it is now) and put it back."""
     try:
         with inbox.open_root() as root:

@@ -32,10 +32,9 @@ from pathlib import Path
 import structlog
 
 from ocrd import errors, safefs
-from ocrd.intake.claims import Item, claim_parts
-from ocrd.intake.inboxes import OWNER_FILE, Inbox, host_id, remove_empty
-from ocrd.intake.watch import WORK_DIR_NAME
 from ocrd.outputs import destinations as outbox
+from ocrd.work.area import OWNER_FILE, WORK_DIR_NAME, InboxView, host_id, mark_owner
+from ocrd.work.item import Item, claim_parts
 from ocrd.work.journal import Job, Journal
 from ocrd.work.kept import KEPT_DIR
 from ocrd.work.outcomes import Outcomes
@@ -53,7 +52,7 @@ class Resume:
 
 
 class Recovery:
-    def __init__(self, journal: Journal, inboxes: dict[Path, Inbox], outcomes: Outcomes,
+    def __init__(self, journal: Journal, inboxes: dict[Path, InboxView], outcomes: Outcomes,
                  state_dir: Path, journal_fresh: bool) -> None:
         self.journal = journal
         self.inboxes = inboxes
@@ -126,7 +125,7 @@ class Recovery:
 
     # -- files without rows ---------------------------------------------------------------
 
-    def _adopt_work_areas(self, inbox: Inbox, known: set[str]) -> None:
+    def _adopt_work_areas(self, inbox: InboxView, known: set[str]) -> None:
         try:
             root = inbox.open_root()
         except OSError:
@@ -166,7 +165,7 @@ class Recovery:
         log.warning("work_area_adopted", instance=instance, state_dir=str(state))
         return True
 
-    def _adopt_area(self, inbox: Inbox, work: safefs.Dir, instance: str,
+    def _adopt_area(self, inbox: InboxView, work: safefs.Dir, instance: str,
                     known: set[str]) -> None:
         try:
             area = work.sub(instance)
@@ -185,7 +184,7 @@ class Recovery:
         if instance != inbox.instance:
             _remove_owner_if_empty(work, instance)
 
-    def _adopt_job(self, inbox: Inbox, parts: tuple[str, ...], known: set[str]) -> None:
+    def _adopt_job(self, inbox: InboxView, parts: tuple[str, ...], known: set[str]) -> None:
         """Every file under a job folder, as claimed files (relpath = below the job)."""
         stack: list[tuple[str, ...]] = [()]
         with inbox.open_root() as root:
@@ -204,9 +203,9 @@ class Recovery:
                         else:
                             self._adopt_file(inbox, (*parts, *sub), name, st, known)
             with root.walk((WORK_DIR_NAME,)) as work:
-                remove_empty(work, parts)
+                work.remove_empty(parts)
 
-    def _adopt_file(self, inbox: Inbox, claim: tuple[str, ...], name: str,
+    def _adopt_file(self, inbox: InboxView, claim: tuple[str, ...], name: str,
                     st, known: set[str]) -> None:  # noqa: ANN001
         """A claimed file without a row gets one; one in an earlier instance's work area
         is moved into this daemon's, as a claim of its own (the old area then goes)."""
@@ -230,7 +229,7 @@ class Recovery:
         log.warning("orphan_adopted", file=relpath, claim=item.claim_path, was=path)
         self.resume.append(Resume(item))
 
-    def _foreign(self, inbox: Inbox, claim: tuple[str, ...], name: str,
+    def _foreign(self, inbox: InboxView, claim: tuple[str, ...], name: str,
                  known: set[str]) -> None:
         """Something in the work area that ocrd did not put there: to failed/."""
         path = str(inbox.path.joinpath(WORK_DIR_NAME, *claim, name))
@@ -243,12 +242,12 @@ class Recovery:
         self.fail.append((item, errors.OcrdError(_FOREIGN, reason="not_claimed")))
 
 
-def prepare_inbox(inbox: Inbox, state_dir: Path) -> None:
+def prepare_inbox(inbox: InboxView, state_dir: Path) -> None:
     """Before an inbox is used: its work area marked as this daemon's (so that a later
     instance of this host can adopt it), and this daemon's temporary files removed
     from its destinations. Runs in a thread."""
     try:
-        inbox.mark_owner(state_dir)
+        mark_owner(inbox, state_dir)
     except OSError as e:
         log.warning("work_area_unwritable", inbox=str(inbox.path), error=e.strerror)
     for root in inbox.cfg.destinations().values():
@@ -258,7 +257,7 @@ def prepare_inbox(inbox: Inbox, state_dir: Path) -> None:
             log.info("temporaries_removed", folder=str(root), count=removed)
 
 
-def claim_location(inbox: Inbox, claim_path: str, relpath: str) -> tuple[str, ...] | None:
+def claim_location(inbox: InboxView, claim_path: str, relpath: str) -> tuple[str, ...] | None:
     """The folders below .ocrd-work of a journal row's claim path, or None when the path
     is not where a claim of that relpath can be."""
     work = str(inbox.path / WORK_DIR_NAME) + "/"

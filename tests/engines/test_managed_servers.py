@@ -29,11 +29,12 @@ from PIL import Image
 
 from ocrd.config.settings import ConfigError, EngineConfig
 from ocrd.engines import create_engine
-from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.base import PageRequest
 from ocrd.engines.vllm import supervised
 from ocrd.engines.vllm.managed import ManagedServerEngine, plan_servers, server_args
 from ocrd.engines.vllm.supervised import group_alive
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.outputs.page import PageOutput
 from ocrd.pipeline.pages import EngineGate
 from ocrd.vllm_model import plugin, start_gate
 

@@ -12,8 +12,9 @@ from PIL import Image, ImageDraw
 from ocrd import errors
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import create_engine
-from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.base import PageRequest
 from ocrd.engines.simulated import SimulatedEngine, decode_steps
+from ocrd.outputs.page import PageOutput
 
 
 def engine_cfg(**simulated: object) -> EngineConfig:

@@ -420,8 +420,8 @@ def test_text_pages_keep_their_text_unless_asked(tmp_path: Path) -> None:
 def test_replace_removes_an_earlier_invisible_layer_only(tmp_path: Path) -> None:
     from helpers import make_pdf
 
-    from ocrd.engines.base import PageOutput, Word
     from ocrd.outputs import textpdf
+    from ocrd.outputs.page import PageOutput, Word
     from ocrd.outputs.textlayer import FontMap, page_layer
 
     src = make_pdf(tmp_path / "v.pdf", [["Visible heading stays"]])
@@ -536,8 +536,8 @@ def test_a_pdf_that_fails_is_counted_and_leaves_nothing(tmp_path: Path) -> None:
     """qpdf refusing a source for real (an image handed over as a PDF): the failure is
     recorded with qpdf's words, counted in the metrics, and no file is left behind."""
     from ocrd import safefs
-    from ocrd.engines.base import PageOutput
     from ocrd.outputs import destinations, searchable_pdf
+    from ocrd.outputs.page import PageOutput
     from ocrd.service.metrics import Metrics
 
     metrics = Metrics()

@@ -23,15 +23,16 @@ from markdown_it import MarkdownIt
 
 from ocrd import safefs
 from ocrd.config.settings import Config
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import destinations, modeltext
 from ocrd.outputs.markdown import PageMarkdown
 from ocrd.outputs.modeltext import clean, inert_markdown
+from ocrd.outputs.page import PageOutput
 from ocrd.pipeline.document import Converter
+from ocrd.pipeline.schedule import FairSlots
 from ocrd.pipeline.source import Source
 from ocrd.render.pool import RenderPool
 from ocrd.web import render
-from ocrd.work.schedule import FairSlots
 
 # A viewer that renders HTML and follows any link (markdown-it's own link check off)
 VIEWER = MarkdownIt("commonmark", {"html": True}).enable("table").enable("strikethrough")

@@ -135,7 +135,7 @@ def converter_for(engine_cfg: dict, slots: int, memory_bytes: int | None = None)
     from ocrd.config.settings import Config
     from ocrd.engines import create_engine
     from ocrd.pipeline.document import Converter
-    from ocrd.work.schedule import FairSlots
+    from ocrd.pipeline.schedule import FairSlots
 
     cfg = Config.model_validate({"engine": engine_cfg, "inboxes": [], "state_dir": "/nonexistent",
                                  "limits": {"memory_bytes": memory_bytes}})

@@ -23,9 +23,9 @@ from ocrd.config.load import parse_config
 from ocrd.engines import create_engine
 from ocrd.outputs import destinations
 from ocrd.pipeline.document import Converter
+from ocrd.pipeline.schedule import FairSlots
 from ocrd.pipeline.source import Source
 from ocrd.render.pool import RenderPool
-from ocrd.work.schedule import FairSlots
 
 pytestmark = [pytest.mark.reliability]
 

@@ -29,7 +29,7 @@ from PIL import Image
 
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import create_engine
-from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.base import PageRequest
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, PROMPTS
 from ocrd.engines.vllm import supervised
 from ocrd.engines.vllm.inprocess import VllmEngine
@@ -41,6 +41,7 @@ from ocrd.engines.vllm.managed import (
     server_args,
 )
 from ocrd.errors import EngineUnavailable
+from ocrd.outputs.page import PageOutput
 from ocrd.pipeline.pages import EngineGate
 from ocrd.vllm_model.plugin import START_LOCK_ENV
 from ocrd.vllm_model.start_gate import RELEASED_MARK, TAKEN_MARK, WAITING_MARK

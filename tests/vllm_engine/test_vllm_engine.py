@@ -18,10 +18,11 @@ import pytest
 from PIL import Image
 
 from ocrd.config.settings import EngineConfig
-from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.base import PageRequest
 from ocrd.engines.deepseek_ocr2 import attempt_settings
 from ocrd.engines.vllm.inprocess import VllmEngine
 from ocrd.errors import EngineUnavailable
+from ocrd.outputs.page import PageOutput
 
 pytestmark = pytest.mark.vllm
 

@@ -20,11 +20,12 @@ from PIL import Image
 from serve import SERVED_NAME, VllmServer  # noqa: E402
 
 from ocrd.config.settings import EngineConfig
-from ocrd.engines.base import PageOutput, PageRequest
+from ocrd.engines.base import PageRequest
 from ocrd.engines.deepseek_ocr2 import PROMPTS
 from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.vllm.inprocess import VllmEngine
 from ocrd.errors import EngineUnavailable
+from ocrd.outputs.page import PageOutput
 
 pytestmark = pytest.mark.vllm
 

@@ -23,7 +23,7 @@ from ocrd.config.load import parse_config
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.waiting import waiting_files
 from ocrd.intake.watch import Entry
-from ocrd.web.live import InboxLive, Live
+from ocrd.live import InboxLive, Live
 from ocrd.web.pages import banners
 from ocrd.web.search import Indexer, Query, SearchIndex, plain_text, snippet
 from ocrd.web.upload import UploadError, save, upload_name

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from ocrd.config.settings import InboxConfig
-from ocrd.intake.inboxes import Inboxes, host_id
+from ocrd.intake.inboxes import Inboxes
 from ocrd.service.metrics import Metrics
+from ocrd.work.area import host_id
 from ocrd.work.journal import Journal
 from ocrd.work.outcomes import Outcomes
 from ocrd.work.recovery import Recovery

@@ -21,12 +21,13 @@ from PIL import Image
 
 from ocrd import safefs
 from ocrd.config.load import parse_config
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import destinations
+from ocrd.outputs.page import PageOutput
 from ocrd.pipeline.document import Converter
+from ocrd.pipeline.schedule import FairSlots, Scheduler
 from ocrd.pipeline.source import Source
 from ocrd.render import pages
-from ocrd.work.schedule import FairSlots, Scheduler
 
 
 async def settle(rounds: int = 50) -> None:

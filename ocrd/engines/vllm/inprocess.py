@@ -20,11 +20,12 @@ import structlog
 
 from ocrd.config.engine import EngineConfig, VllmConfig
 from ocrd.engines import deepseek_ocr2
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, AttemptSettings
 from ocrd.engines.repetition import Attempt, convert_with_retries
 from ocrd.engines.vllm.args import HeadDimGuard, engine_kwargs, fast_encoder_usable
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.outputs.page import PageOutput
 from ocrd.vllm_model import plugin
 
 log = structlog.get_logger(__name__)

@@ -38,7 +38,7 @@ import structlog
 from ocrd.config.engine import VllmConfig
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import deepseek_ocr2
-from ocrd.engines.base import Engine, PageOutput, PageRequest
+from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.remote import RemoteEngine
 from ocrd.engines.vllm.args import fast_encoder_usable
 from ocrd.engines.vllm.mps import MpsControl, MpsUnavailable
@@ -52,6 +52,7 @@ from ocrd.engines.vllm.serve_args import (  # noqa: F401 - the tests' and bench'
 )
 from ocrd.engines.vllm.supervised import START_TIMEOUT_SECONDS, SupervisedServer, group_alive  # noqa: F401
 from ocrd.errors import EngineDead, EngineUnavailable
+from ocrd.outputs.page import PageOutput
 from ocrd.vllm_model import plugin
 
 log = structlog.get_logger(__name__)

@@ -19,15 +19,15 @@ import structlog
 from ocrd import errors, safefs
 from ocrd.config.roots import RootChanged
 from ocrd.config.settings import Config
-from ocrd.intake.claims import Item
 from ocrd.outputs import destinations
 from ocrd.outputs.searchable_pdf import PdfSettings
 from ocrd.pipeline.document import Converter
 from ocrd.pipeline.source import Source
+from ocrd.work.item import Item
 from ocrd.work.journal import Journal, JournalUnwritable
 from ocrd.work.outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
 
-log = structlog.get_logger("ocrd.work.jobs")
+log = structlog.get_logger("ocrd.pipeline.jobs")
 
 
 class Jobs:

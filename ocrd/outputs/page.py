@@ -1,0 +1,39 @@
+"""What an engine made of one page (`PageOutput`) and the words it saw on it (`Word`): the
+one vocabulary between the engines, which make them, and the outputs, which write them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """A word and where it is: pixels (left, top, right, bottom) of the page image the
+    engine was given. Engines that see words (tesseract) report them; the searchable
+    PDF lays each word over its box (ocrd/outputs/textlayer.py)."""
+
+    text: str
+    box: tuple[int, int, int, int]
+
+
+@dataclass
+class PageOutput:
+    """What the engine made of one page."""
+
+    text: str  # raw model output (grounding tags included) or plain text
+    finish_reason: str = "stop"  # "stop" is normal; "length"/"repetition" mean a loop
+    tokens: int | None = None  # generated tokens (of the kept attempt)
+    prompt_tokens: int | None = None
+    attempts: int = 1
+    # set when the kept text is not a normal finish: the reason, for the sidecar
+    degraded: str | None = None
+    seconds: float = 0.0
+    # timestamps (time.time()) when the engine started and finished this page
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    # degrees (clockwise) the page was turned before it was read; None = the
+    # engine does not detect orientation
+    rotation: int | None = None
+    extra: dict = field(default_factory=dict)
+    # the page's words with their boxes, where the engine gives them (None: no geometry)
+    words: list[Word] | None = None
