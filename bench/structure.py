@@ -55,7 +55,7 @@ from bench.cases import Result  # noqa: E402
 from bench.corpus import recall as corpus_recall  # noqa: E402
 from ocrd.engines import tesseract_tsv  # noqa: E402
 from ocrd.engines.tesseract import pnm  # noqa: E402
-from ocrd.outputs import structure as page_structure  # noqa: E402
+from ocrd.layout import page as layout  # noqa: E402
 from ocrd.render import modes  # noqa: E402
 
 # main before the structure: tesseract's TSV parsed into plain text and words
@@ -102,7 +102,7 @@ def ours(read: Read, image: Any) -> tuple[str, float]:
     """ocrd's Markdown from the run, and the CPU seconds it took (this thread's)."""
     t0 = time.thread_time()
     reading = tesseract_tsv.read(read.tsv, read.text)
-    markdown = page_structure.to_markdown(
+    markdown = layout.to_markdown(
         reading, lambda box: modes.dark_box(image, box))
     tesseract_tsv.layer_words(reading)
     return markdown, time.thread_time() - t0

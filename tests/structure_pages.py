@@ -3,7 +3,7 @@
 Drawn with reportlab's canvas (every line placed here, so the truth is exact: which
 words a line holds, where a word was hyphenated, which breaks are deliberate), rendered
 with PDFium at a chosen resolution, optionally with scanner noise. The structure tests
-(tests/outputs/test_markdown_structure.py, the console's in tests/web/test_web_browser.py) and the
+(tests/layout/test_markdown_structure.py, the console's in tests/web/test_web_browser.py) and the
 benchmark (bench/structure.py) read them.
 Everything is seeded: the same name gives the same page, pixel for pixel.
 """

@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("work",),
     ("engines",),
     ("vllm_model",),
+    ("layout",),
     ("outputs",),
     ("render",),
     ("config",),

@@ -56,7 +56,7 @@ class Engine(abc.ABC):
     # What `ocr()` returns, and so how `page_markdown` reads it: "grounding":
     # DeepSeek-OCR-2's tag stream (deepseek_ocr2.OUTPUT_FORMAT), figures cropped from the
     # page image; "markdown": the page's Markdown, made by the engine (tesseract, from
-    # its layout: ocrd/outputs/structure.py); "text": plain text, escaped so that it reads
+    # its layout: ocrd/layout/); "text": plain text, escaped so that it reads
     # as itself. An engine with a grounding format also follows the inbox's prompt mode.
     output_format: Literal["grounding", "markdown", "text"] = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).

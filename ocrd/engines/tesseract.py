@@ -24,7 +24,8 @@ from ocrd.config.settings import EngineConfig
 from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
-from ocrd.outputs import structure as page_structure
+from ocrd.layout import page as layout
+from ocrd.layout.reading import Ink, Reading
 from ocrd.outputs.page import PageOutput, Word
 from ocrd.render import modes
 
@@ -169,7 +170,7 @@ def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
     return modes.pnm_header(image.mode, image.width, image.height), data
 
 
-def _ink(page: PageRequest, turned: Image.Image | None) -> page_structure.Ink:
+def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
     """Where the page tesseract read has dark pixels: for list markers it did not read."""
     image = turned if turned is not None else page.image
     if image is not None or page.rendered is None:
@@ -235,9 +236,9 @@ def pnm(image: Image.Image) -> bytes:
 
 
 def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None
-               ) -> tuple[page_structure.Reading, str, list[Word]]:
+               ) -> tuple[Reading, str, list[Word]]:
     """tesseract's reading of a page, its Markdown with the page's structure, and the
     words of the searchable PDF's text layer."""
     reading = tesseract_tsv.read(tsv, text)
-    return (reading, page_structure.to_markdown(reading, _ink(page, turned)),
+    return (reading, layout.to_markdown(reading, _ink(page, turned)),
             tesseract_tsv.layer_words(reading))

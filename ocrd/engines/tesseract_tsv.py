@@ -10,9 +10,9 @@ character or word of them apart.
 
 from __future__ import annotations
 
+from ocrd.layout.reading import Line, Reading, Token
 from ocrd.outputs import cjk
 from ocrd.outputs.page import Word
-from ocrd.outputs.structure import Line, Reading, Token
 
 _WORD_LEVEL = "5"
 _COLUMNS = 12  # level page block par line word left top width height conf text

@@ -27,7 +27,7 @@ from ocrd.intake.inboxes import Inbox
 from ocrd.intake.watch import Entry
 from ocrd.outputs import destinations
 from ocrd.render.pages import DocInfo
-from ocrd.work import kept as kept_marks
+from ocrd.work import kept
 from ocrd.work.item import Item, claim_parts
 from ocrd.work.journal import Journal
 
@@ -150,7 +150,7 @@ def _kept_by_another(inbox: Inbox, item: Item, claimed: safefs.Dir) -> bool:
     try:
         st = claimed.lstat(item.name)
         with inbox.open_root() as root:
-            done = kept_marks.marked(root, item.relpath, st.st_size, st.st_mtime_ns)
+            done = kept.marked(root, item.relpath, st.st_size, st.st_mtime_ns)
     except OSError:
         return False
     if done:

@@ -38,7 +38,7 @@ from ocrd.intake.watch import (
     scan,
     watch_method,
 )
-from ocrd.outputs import destinations as outbox
+from ocrd.outputs import destinations
 from ocrd.safefs import Dir
 from ocrd.work.area import WORK_DIR_NAME
 
@@ -58,7 +58,7 @@ class Inbox:
     tracker: Tracker
     watch: str  # inotify | polling
     instance: str
-    perms: outbox.Perms
+    perms: destinations.Perms
     roots: Roots
     next_scan: float = 0.0
     available: bool = True
@@ -120,8 +120,8 @@ def _folder_word(which: str) -> str:
             "archive": "archive folder"}.get(which, which)
 
 
-def perms_for(box: InboxConfig, instance: str) -> outbox.Perms:
-    return outbox.Perms(box.file_mode_bits, box.dir_mode_bits, box.gid, instance[:8])
+def perms_for(box: InboxConfig, instance: str) -> destinations.Perms:
+    return destinations.Perms(box.file_mode_bits, box.dir_mode_bits, box.gid, instance[:8])
 
 
 Hint = tuple[str, bool, bool]  # (path, complete (closed/moved in), is_dir)

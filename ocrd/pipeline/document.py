@@ -31,8 +31,7 @@ from ocrd.pipeline import budget
 from ocrd.pipeline.pages import DocumentPages, EngineGate, EngineTraffic
 from ocrd.pipeline.schedule import FairSlots
 from ocrd.pipeline.source import DocProgress, Source
-from ocrd.render import pages
-from ocrd.render import resolution as resolutions
+from ocrd.render import pages, resolution
 from ocrd.render.pool import DocumentWorkers, RenderPool
 
 log = structlog.get_logger("ocrd.pipeline.document")
@@ -83,7 +82,7 @@ class Converter:
         self.reservations = reservations or destinations.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
-        self.resolution = resolutions.choose(cfg.render, engine)
+        self.resolution = resolution.choose(cfg.render, engine)
         # page images in flight, all documents together (ocrd/pipeline/budget.py)
         self.memory = budget.MemoryBudget(budget.AUTO_FLOOR)
         self.set_memory(cfg.limits.memory_bytes)

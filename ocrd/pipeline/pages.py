@@ -26,8 +26,7 @@ from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import modeltext
 from ocrd.outputs.page import PageOutput
 from ocrd.pipeline import budget
-from ocrd.render import pages
-from ocrd.render import pixels as pagepixels
+from ocrd.render import pages, pixels
 
 if TYPE_CHECKING:
     from ocrd.config.settings import Config
@@ -226,9 +225,9 @@ class DocumentPages:
         if self.keep_image:  # for figure crops: packed (3 bytes a pixel, not Pillow's 4),
             kept[:] = [page]  # and the engine may drop its image once it has encoded it
             # ... or, once the engine has it as a PNG data URL, that (a sixth of the size)
-            if pagepixels.EncodedPage.decodable(page.width, page.height):
+            if pixels.EncodedPage.decodable(page.width, page.height):
                 req = replace(req, on_encoded=lambda url: kept.__setitem__(
-                    slice(None), [pagepixels.EncodedPage(url)]))
+                    slice(None), [pixels.EncodedPage(url)]))
         return req
 
     async def _in_engine(self, request: Any, i: int) -> PageOutput:

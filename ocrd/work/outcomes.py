@@ -29,8 +29,7 @@ from typing import Any
 import structlog
 
 from ocrd import errors, names, safefs
-from ocrd.outputs import destinations as outbox
-from ocrd.outputs import records
+from ocrd.outputs import destinations, records
 from ocrd.work import kept as kept_marks
 from ocrd.work.area import WORK_DIR_NAME, InboxView, SeenFile
 from ocrd.work.item import Item
@@ -55,8 +54,8 @@ def transient(e: OSError) -> bool:
 def plain_name(name: str) -> str:
     """A name any share takes: ASCII letters, digits, '-', '_', '.' (and its extension)."""
     text = re.sub(r"[^A-Za-z0-9._-]+", "_", names.shown(name)).strip("._") or "file"
-    stem, ext = outbox.split_ext(text)
-    return outbox.fit_name(stem, ext)
+    stem, ext = destinations.split_ext(text)
+    return destinations.fit_name(stem, ext)
 
 
 class Outcomes:
@@ -141,12 +140,12 @@ class Outcomes:
         inbox.putting_back.append(token)  # before the file shows in the inbox ...
         try:
             with inbox.open_root() as root:
-                folder, used = outbox.mirror(root, item.folders, inbox.perms)
+                folder, used = destinations.mirror(root, item.folders, inbox.perms)
                 with folder:
                     # marked on the share first: no other daemon takes it back in
                     wanted = "/".join((*used, item.name))
                     self._mark(root, item, wanted, before)
-                    name = outbox.move_unique(claim, item.name, folder, item.name)
+                    name = destinations.move_unique(claim, item.name, folder, item.name)
                     st = folder.lstat(name)
                     put_back = "/".join((*used, name))
                     if put_back != wanted:
@@ -201,7 +200,7 @@ class Outcomes:
             extra["traceback"] = err.details
         plain = item.own_failures >= OWN_FAILURE_TRIES
         with inbox.open_destination(inbox.cfg.failed) as root:
-            folder, used = outbox.mirror(root, tuple(map(plain_name, item.folders))
+            folder, used = destinations.mirror(root, tuple(map(plain_name, item.folders))
                                          if plain else item.folders, inbox.perms)
             with folder:
                 size = None
@@ -217,7 +216,7 @@ class Outcomes:
                 source = records.source(item.relpath, str(inbox.path), size, item.sha256,
                                         item.info)
                 data = records.error_json(err.reason, str(err), source, time.time(), extra)
-                outbox.write_error(folder, name, data, inbox.perms)
+                destinations.write_error(folder, name, data, inbox.perms)
         self._tidy(item)
         return str(inbox.cfg.failed.joinpath(*used, name))
 
@@ -226,8 +225,8 @@ class Outcomes:
         wanted = plain_name(item.name) if plain else item.name
         st = claim.lstat(item.name)
         if stat.S_ISREG(st.st_mode) or claim_same_fs(claim, folder):
-            return outbox.move_unique(claim, item.name, folder, wanted, item.inbox.perms,
-                                      siblings=(outbox.ERROR_SUFFIX,))
+            return destinations.move_unique(claim, item.name, folder, wanted, item.inbox.perms,
+                                      siblings=(destinations.ERROR_SUFFIX,))
         # A link, FIFO … to another filesystem: it cannot be copied; keep what it was.
         item.extra["not_moved"] = f"a {_kind(st.st_mode)}; removed from the work area"
         if stat.S_ISLNK(st.st_mode):
@@ -242,9 +241,9 @@ class Outcomes:
         plain = item.own_failures >= OWN_FAILURE_TRIES
         folders = tuple(map(plain_name, item.folders)) if plain else item.folders
         with inbox.open_destination(archive) as root:
-            folder, _used = outbox.mirror(root, folders, inbox.perms)
+            folder, _used = destinations.mirror(root, folders, inbox.perms)
             with folder:
-                return outbox.move_unique(claim, item.name, folder,
+                return destinations.move_unique(claim, item.name, folder,
                                           plain_name(item.name) if plain else item.name,
                                           inbox.perms)
 

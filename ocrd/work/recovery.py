@@ -32,7 +32,7 @@ from pathlib import Path
 import structlog
 
 from ocrd import errors, safefs
-from ocrd.outputs import destinations as outbox
+from ocrd.outputs import destinations
 from ocrd.work.area import OWNER_FILE, WORK_DIR_NAME, InboxView, host_id, mark_owner
 from ocrd.work.item import Item, claim_parts
 from ocrd.work.journal import Job, Journal
@@ -222,7 +222,7 @@ class Recovery:
             with inbox.open_root() as root, root.walk((WORK_DIR_NAME, *claim)) as src, \
                     inbox.open_work(create=True) as work, \
                     work.mkdir(item.claim[1], 0o700) as job:
-                dest, _ = outbox.mirror(job, item.claim[2:], outbox.Perms(0o600, 0o700))
+                dest, _ = destinations.mirror(job, item.claim[2:], destinations.Perms(0o600, 0o700))
                 with dest:
                     src.rename(name, dest, name)
         self.journal.claimed(job_id)
@@ -251,7 +251,7 @@ def prepare_inbox(inbox: InboxView, state_dir: Path) -> None:
     except OSError as e:
         log.warning("work_area_unwritable", inbox=str(inbox.path), error=e.strerror)
     for root in inbox.cfg.destinations().values():
-        removed = outbox.sweep_temporaries(root, inbox.perms.tag,
+        removed = destinations.sweep_temporaries(root, inbox.perms.tag,
                                            lambda r=root: inbox.roots.open(r))
         if removed:
             log.info("temporaries_removed", folder=str(root), count=removed)

@@ -13,8 +13,7 @@ from helpers import make_pdf, sentence_lines
 from PIL import Image
 
 from ocrd import errors
-from ocrd.render import pages
-from ocrd.render import pixels as pagepixels
+from ocrd.render import pages, pixels
 from ocrd.render.pool import RenderPool
 
 MAX_PIXELS = 50_000_000
@@ -22,14 +21,14 @@ MAX_PIXELS = 50_000_000
 
 def shared_files() -> set[str]:
     """This process's page files (other daemons on the machine have their own)."""
-    mine = f"{pagepixels.SHARED_PREFIX}{os.getpid()}-"
+    mine = f"{pixels.SHARED_PREFIX}{os.getpid()}-"
     try:
-        return {n for n in os.listdir(pagepixels.SHARED_DIR) if n.startswith(mine)}
+        return {n for n in os.listdir(pixels.SHARED_DIR) if n.startswith(mine)}
     except FileNotFoundError:
         return set()
 
 
-@pytest.mark.skipif(not pagepixels._shared_dir_usable(), reason="no writable /dev/shm")
+@pytest.mark.skipif(not pixels._shared_dir_usable(), reason="no writable /dev/shm")
 def test_pool_pages_equal_in_process_pages_and_leave_no_files(tmp_path: Path) -> None:
     pdf = make_pdf(tmp_path / "a.pdf", [sentence_lines(i, 6) for i in range(6)])
     img_path = tmp_path / "photo.png"

@@ -140,7 +140,7 @@ def test_files_planted_in_the_work_area_go_to_failed(tmp_path: Path) -> None:
     assert err["reason"] == "not_claimed"
     assert (tmp_path / "failed" / "planted.pdf").read_bytes() == b"%PDF planted"
     assert (tmp_path / "failed" / "notajob" / "deep.pdf").read_bytes() == b"%PDF deep"
-    assert not (tmp_path / "outbox.md").exists()  # never beside the outbox
+    assert not (tmp_path / "destinations.md").exists()  # never beside the outbox
 
 
 def _mark(w: World, instance: str, host: str, state_dir: Path) -> None:
@@ -196,13 +196,13 @@ def test_a_kept_original_counts_as_kept_the_moment_it_is_back_in_the_inbox(
     import os
 
     from ocrd.intake.watch import entry_for
-    from ocrd.outputs import destinations as outbox
+    from ocrd.outputs import destinations
 
     w = World(tmp_path)
     w.box = w.box.model_copy(update={"on_success": "keep", "archive": None})
     job = w.row("a.pdf", w.claimed(1, "a.pdf", b"original"), "finishing")
     seen: list[bool] = []
-    real_move = outbox.move_unique
+    real_move = destinations.move_unique
     holder: dict = {}
 
     def move_then_look(src, name, dst, want):  # type: ignore[no-untyped-def]
@@ -212,7 +212,7 @@ def test_a_kept_original_counts_as_kept_the_moment_it_is_back_in_the_inbox(
         seen.append(holder["outcomes"].is_kept(holder["inbox"], entry))
         return moved
 
-    monkeypatch.setattr(outbox, "move_unique", move_then_look)
+    monkeypatch.setattr(destinations, "move_unique", move_then_look)
     # the journal records the file as done only after the put-back: it cannot know it yet
     # (and its connection belongs to the event loop's thread)
     monkeypatch.setattr(w.journal, "is_kept", lambda *_: False)

@@ -1,7 +1,7 @@
 """The page's words shown exactly as they were read (one escaping rule, in every place a
 word can stand), and the layout's edge cases, on pages whose words are placed by hand;
 the Markdown read back as the console renders it (ocrd/web/render.py). The structure
-on real tesseract output: tests/outputs/test_markdown_structure.py.
+on real tesseract output: tests/layout/test_markdown_structure.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from markdown_it import MarkdownIt
 from structure_pages import shown
 
-from ocrd.outputs import structure as page_structure
+from ocrd.layout import page as layout
+from ocrd.layout.reading import Ink, Line, Reading, Token
 from ocrd.outputs.markdown import escape_line, text_to_markdown
 from ocrd.outputs.modeltext import inert_markdown
-from ocrd.outputs.structure import Line, Reading, Token
 
 # -- the page's words, built by hand -------------------------------------------------------
 
@@ -60,7 +60,7 @@ def wrap(text: str, chars: int) -> list[str]:
 def md_of(lines: list[Line]) -> str:
     """The page's Markdown as the engine hands it on: made inert as every engine's is
     (ocrd/outputs/modeltext.py), which must leave what it shows as it is."""
-    md = page_structure.to_markdown(Reading(lines))
+    md = layout.to_markdown(Reading(lines))
     inert = inert_markdown(md)
     assert shown(inert) == shown(md)
     return inert
@@ -231,12 +231,12 @@ def test_short_lines_on_a_wide_page_keep_their_breaks() -> None:
                                  "31. Contract invoice report warehouse total 32.", 58),
                             200, 200, 1)
     right = max(line.box[2] for line in lines)
-    assert page_structure.to_markdown(Reading(lines, width=3 * right)).count("\\\n") == 2
-    assert page_structure.to_markdown(Reading(lines, width=right + 200)).count("\\\n") == 0
+    assert layout.to_markdown(Reading(lines, width=3 * right)).count("\\\n") == 2
+    assert layout.to_markdown(Reading(lines, width=right + 200)).count("\\\n") == 0
 
 
 def ink_of(marks: list[tuple[int, int, int, int]], size: tuple[int, int] = (3000, 2000),
-           ) -> page_structure.Ink:
+           ) -> Ink:
     """Where a page drawn with these dark boxes has ink (the engine's own lookup)."""
     from PIL import Image, ImageDraw
 
@@ -264,13 +264,13 @@ def test_marks_tesseract_did_not_read_make_list_items() -> None:
     bullets = [(110, 300 - 25 - 7, 124, 300 - 25 + 7) for _ in ITEMS]
     bullets = [(110, y0 + 60 * k, 124, y1 + 60 * k) for k, (_, y0, _, y1) in
                enumerate(bullets)]
-    md = page_structure.to_markdown(Reading([*body, *item_lines(180)]), ink_of(bullets))
+    md = layout.to_markdown(Reading([*body, *item_lines(180)]), ink_of(bullets))
     assert [b.text for b in shown(md) if b.kind == "item"] == ITEMS, md
 
 
 def test_a_picture_beside_indented_lines_is_no_list() -> None:
     picture = [(100, 150, 160, 900)]  # its right edge runs past every line
-    md = page_structure.to_markdown(Reading([*paragraph_lines(BODY, 100, 100, 1),
+    md = layout.to_markdown(Reading([*paragraph_lines(BODY, 100, 100, 1),
                                              *item_lines(180)]), ink_of(picture))
     assert not [b for b in shown(md) if b.kind == "item"], md
 

@@ -1,0 +1,486 @@
+"""Lines into blocks: paragraphs (hyphenation resolved, deliberate breaks kept), lists
+(bullets, numbers, letters, nested), headings by size.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from ocrd.layout.measure import (
+    ALIGN,
+    ALNUM,
+    BULLET_READINGS,
+    BULLETS,
+    DESCENDERS,
+    HEADING,
+    LETTER,
+    MAX_HEADING_WORDS,
+    NUMBER,
+    PARAGRAPH_GAP,
+    ROMAN,
+    ROUND_BULLETS,
+    TITLE,
+    Metrics,
+    line_em,
+    token_em,
+)
+from ocrd.layout.reading import Box, Ink, Line, Token, union
+from ocrd.layout.regions import Region, is_noise
+from ocrd.layout.tables import Table
+from ocrd.outputs import cjk
+
+
+@dataclass
+class _Marker:
+    kind: str  # bullet, number, letter, roman, lost
+    text: str  # as read, e.g. "3." or "b)"; "" for a bullet or a lost marker
+    value: int  # the number or letter's place (1 for "1." or "a)"); 0 for bullets
+    delim: str  # "." or ")"
+    left: int  # where the marker starts
+    text_left: int  # where the item's words start
+    token: Token | None = None  # the marker as read (None: not read at all)
+
+
+@dataclass
+class TextLine:
+    tokens: list[Token]  # without the marker
+    line: Line
+    region: int
+    left: int
+    right: int
+    top: int
+    bottom: int
+    em: float
+    marker: _Marker | None = None
+    heading: int = 0  # 1 or 2 for a heading line
+    column: tuple[int, int] = (0, 0)
+
+    @property
+    def base(self) -> float:
+        """The baseline: where most words stand (dirt above or below moves a box's
+        top or bottom, not this)."""
+        return _baseline(self.tokens)
+
+
+@dataclass
+class Item:
+    depth: int
+    marker: _Marker
+    lines: list[TextLine]
+
+
+@dataclass
+class Block:
+    kind: str  # heading, paragraph, list, table
+    lines: list[TextLine] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    level: int = 0
+    table: Table | None = None
+    column: tuple[int, int] = (0, 0)
+
+
+class Builder:
+    """Walks the lines in reading order and groups them into headings, paragraphs and
+    lists; tables come whole."""
+
+    def __init__(self, page: Metrics, lines: list[Line], ink: Ink | None) -> None:
+        self.page = page
+        self._lines = lines
+        self._ink = ink
+        self.blocks: list[Block] = []
+        # each of tesseract's paragraphs: its lines' type sizes
+        self._pars: dict[tuple[int, int], list[float]] = {}
+        for line in lines:
+            self._pars.setdefault((line.block, line.par), []).append(line_em(line))
+        self._words = [t.box for line in lines if not is_noise(line, page)
+                       for t in line.tokens]  # read as words (not dirt)
+
+    def build(self, regions: list[Region]) -> list[Block]:
+        prev: TextLine | None = None
+        for k, region in enumerate(regions):
+            if region.table is not None:
+                self.blocks.append(Block("table", table=region.table))
+                prev = None
+                continue
+            for i in region.lines:
+                line = self._text_line(region, k, i)
+                self._add(prev, line, region.column)
+                prev = line
+        self._lost_first_items()
+        self._single_unread_items()
+        self._long_headings()
+        _heading_levels(self.blocks, self.page)
+        return self.blocks
+
+    def _long_headings(self) -> None:
+        """Large type over more than two lines is text set large, not a heading."""
+        for k, block in enumerate(self.blocks):
+            if block.kind == "heading" and len(block.lines) > 2:
+                self.blocks[k] = Block("paragraph", block.lines, column=block.column)
+
+    def _single_unread_items(self) -> None:
+        """A "list" of one item whose marker was not read is a paragraph after a mark
+        of dirt."""
+        for k, block in enumerate(self.blocks):
+            if block.kind == "list" and len(block.items) == 1 and \
+                    block.items[0].marker.kind == "lost":
+                self.blocks[k] = Block("paragraph", block.items[0].lines,
+                                        column=block.column)
+
+    # -- reading one line ------------------------------------------------------------
+
+    def _text_line(self, region: Region, k: int, i: int) -> TextLine:
+        line = self._lines[i]
+        tokens = list(line.tokens)
+        marker = _marker(tokens, self.page)
+        while marker is None and len(tokens) > 1 and _speck(tokens[0], self.page):
+            tokens = tokens[1:]  # dirt before the line
+            marker = _marker(tokens, self.page)
+        # "1. Introduction" in large type is a heading; a bullet in large type an item
+        heading = (marker is None or marker.kind != "bullet") and self._heading_sized(line)
+        if heading:
+            marker = None
+        words = tokens[1:] if marker is not None else tokens
+        words = [t for t in words if not _speck(t, self.page)] or words
+        box = union(t.box for t in words)
+        tl = TextLine(words, line, k, box[0], box[2], box[1], box[3], line_em(line),
+                       marker, column=region.column)
+        if heading:
+            tl.heading = 1 if tl.em >= TITLE * self.page.em else 2
+        elif tl.marker is None:
+            tl.marker = self._unread_marker(tl, region.column)
+        return tl
+
+    def _unread_marker(self, line: TextLine, column: tuple[int, int]) -> _Marker | None:
+        """A mark in the white space before an indented line that no word was read
+        from: a list marker tesseract took for dirt. Marks are looked for from the line's
+        start leftwards, a few ems at most; dust is passed over."""
+        em = self.page.em
+        right = line.left - round(0.25 * em)
+        limit = max(column[0] - round(0.5 * em), line.left - round(4 * em))
+        if self._ink is None or right - limit < 0.5 * em or self._words_in(
+                (limit, line.top, right, line.bottom)):
+            return None
+        x = right
+        while x > limit:
+            mark = self._mark_left_of(x, limit, line)
+            if mark is None:
+                return None
+            box, count = mark
+            if self._marker_shaped(box, count, line) and self._stands_alone(box, line):
+                return _Marker("lost", "", 0, "", box[0], line.left)
+            x = box[0] - 1
+        return None
+
+    def _mark_left_of(self, x: int, limit: int, line: TextLine,
+                      ) -> tuple[Box, int] | None:
+        """The nearest mark left of x: ink, followed leftwards across gaps narrower
+        than those between a marker and its words."""
+        assert self._ink is not None
+        em = self.page.em
+        step = max(1, round(0.25 * em))
+        found = None
+        while x > limit and found is None:
+            found = self._ink((max(limit, x - step), line.top, x, line.bottom))
+            x -= step
+        if found is None:
+            return None
+        box = found[0]
+        while box[0] > limit:
+            more = self._ink((max(limit, box[0] - step), line.top, box[0], line.bottom))
+            if more is None or more[0][2] < box[0] - 0.15 * em:
+                break
+            box = (more[0][0], box[1], box[2], box[3])
+        return self._ink((box[0], line.top, box[2], line.bottom))
+
+    def _stands_alone(self, box: Box, line: TextLine) -> bool:
+        """White above and below the mark: not the edge of a picture beside the text."""
+        assert self._ink is not None
+        reach = round(0.25 * self.page.em)
+        around = self._ink((box[0], line.top - reach, box[2], line.bottom + reach))
+        return around is not None and around[0][1] >= box[1] - 1 and \
+            around[0][3] <= box[3] + 1
+
+    def _marker_shaped(self, box: Box, count: int, line: TextLine) -> bool:
+        """A bullet, a dash or a number's glyphs: solid, a fifth of an em or more; not
+        dust."""
+        em = self.page.em
+        w, h = box[2] - box[0], box[3] - box[1]
+        middle = (box[1] + box[3]) / 2
+        bar = w >= 0.2 * em and w >= 2.5 * h and count >= 0.5 * w * h  # a dash
+        solid = count >= (0.15 * em) ** 2 or bar
+        return (line.top <= middle <= line.bottom and 0.2 * em <= max(w, h) <= 2.5 * em
+                and h <= 1.0 * em and solid and count >= 0.15 * max(1, w * h))
+
+    def _words_in(self, zone: Box) -> bool:
+        """Whether a word lies in the zone (dirt, or a marker read as nothing sensible,
+        does not count)."""
+        return any(b[0] < zone[2] and zone[0] < b[2] and b[1] < zone[3] and zone[1] < b[3]
+                   for b in self._words)
+
+    def _heading_sized(self, line: Line) -> bool:
+        """A heading: a short line of large words, in a paragraph of such lines."""
+        sizes = [s for t in line.tokens if (s := token_em(t))]
+        if not 0 < len(sizes) <= MAX_HEADING_WORDS:
+            return False
+        em = self.page.em
+        return all(size >= HEADING * em for size in self._pars[(line.block, line.par)])
+
+    # -- grouping ----------------------------------------------------------------------
+
+    def _add(self, prev: TextLine | None, line: TextLine, column: tuple[int, int]) -> None:
+        cur = self.blocks[-1] if self.blocks else None
+        if line.heading and self._runs_on(cur, prev, line, column):
+            line.heading = 0  # a list item or paragraph set large goes on here
+        if line.heading:
+            if (cur is not None and cur.kind == "heading" and prev is not None
+                    and prev.heading == line.heading and prev.region == line.region
+                    and line.top - prev.bottom < 0.8 * line.em):
+                cur.lines.append(line)
+                return
+            self.blocks.append(Block("heading", [line], level=line.heading, column=column))
+            return
+        if line.marker is not None and self._marker_runs_on(cur, prev, line, column):
+            assert line.marker.token is not None
+            line.tokens.insert(0, line.marker.token)
+            line.left, line.marker = line.marker.left, None
+        if line.marker is not None:
+            if cur is not None and cur.kind == "list":
+                cur.items.append(Item(self._depth(cur, line.marker), line.marker, [line]))
+            else:
+                self.blocks.append(Block("list", items=[Item(0, line.marker, [line])],
+                                          column=column))
+            return
+        if cur is not None and cur.kind == "list" and prev is not None:
+            depth = self._continues_list(cur, prev, line, column)
+            if depth is not None:
+                item = cur.items[-1]
+                if depth < 0:
+                    item.lines.append(line)
+                else:
+                    lost = _Marker("lost", "", 0, "", line.left, line.left)
+                    cur.items.append(Item(depth, lost, [line]))
+                return
+        if (cur is not None and cur.kind == "paragraph" and prev is not None
+                and self._same_paragraph(prev, line, column)):
+            cur.lines.append(line)
+            return
+        self.blocks.append(Block("paragraph", [line], column=column))
+
+    def _marker_runs_on(self, cur: Block | None, prev: TextLine | None,
+                        line: TextLine, column: tuple[int, int]) -> bool:
+        """A dash, or a number other than a list's first, that starts a line of running
+        text after a full one: the sentence's own ("… on page / 3. …"), not a list's."""
+        marker = line.marker
+        if marker is None or not (
+                marker.token is not None and marker.token.text in "-–—"
+                or marker.kind in ("number", "letter", "roman") and marker.value != 1):
+            return False
+        return (cur is not None and cur.kind == "paragraph" and prev is not None
+                and prev.region == line.region
+                and abs(marker.left - prev.left) <= ALIGN * self.page.em
+                and not deliberate(prev, line, column, self.page))
+
+    def _runs_on(self, cur: Block | None, prev: TextLine | None, line: TextLine,
+                 column: tuple[int, int]) -> bool:
+        """Whether a large line goes on with the text before it, in the same type size:
+        right below, where that text's words start, after a line that was full."""
+        if cur is None or prev is None or cur.kind not in ("list", "paragraph"):
+            return False
+        if abs(line.em - prev.em) > 0.12 * prev.em or deliberate(prev, line, column,
+                                                                   self.page):
+            return False
+        left = cur.items[-1].marker.text_left if cur.kind == "list" else prev.left
+        step = line.base - prev.base
+        return abs(line.left - left) <= ALIGN * self.page.em and \
+            0 < step <= self.page.pitch * line.em / self.page.em + PARAGRAPH_GAP * line.em
+
+    def _depth(self, block: Block, marker: _Marker) -> int:
+        """The nesting depth of a new item: by where its marker stands among the
+        list's earlier items."""
+        tol = ALIGN * self.page.em
+        stack: list[_Marker] = []
+        for item in block.items:
+            while stack and item.marker.left < stack[-1].left - tol:
+                stack.pop()
+            if stack and abs(item.marker.left - stack[-1].left) <= tol:
+                stack[-1] = item.marker
+            elif not stack or item.marker.left > stack[-1].left + tol:
+                stack.append(item.marker)
+        while stack and marker.left < stack[-1].left - tol:
+            stack.pop()
+        if stack and abs(marker.left - stack[-1].left) <= tol:
+            return len(stack) - 1
+        if stack and marker.left > stack[-1].left + tol:
+            return len(stack)
+        return max(0, len(stack) - 1)
+
+    def _continues_list(self, block: Block, prev: TextLine, line: TextLine,
+                        column: tuple[int, int]) -> int | None:
+        """-1: the line goes on with the list's last item; d >= 0: a new item of depth d
+        whose marker was not read; None: the list has ended."""
+        tol = ALIGN * self.page.em
+        item = block.items[-1]
+        if line.top - prev.bottom > 2.5 * self.page.em:
+            return None
+        if abs(line.left - item.marker.text_left) <= tol and not deliberate(
+                prev, line, column, self.page):
+            return -1
+        for it in reversed(block.items):
+            if abs(line.left - it.marker.text_left) <= tol and it.marker.kind != "lost" \
+                    and it.marker.left < line.left - tol:
+                return it.depth
+        return None
+
+    def _same_paragraph(self, prev: TextLine, line: TextLine,
+                        column: tuple[int, int]) -> bool:
+        em = self.page.em
+        if prev.column != line.column and line.left > prev.right:
+            # the next column: a sentence that goes on there, lowercase, from a full line
+            return (line.tokens[0].text[:1].islower()
+                    and abs(line.left - line.column[0]) <= ALIGN * em
+                    and not deliberate(prev, line, prev.column, self.page))
+        step = line.base - prev.base
+        if step <= 0 or step > self.page.pitch + PARAGRAPH_GAP * em:
+            return False  # space above the line: a new paragraph
+        indent = line.left - prev.left
+        if prev.region != line.region:
+            # a block of tesseract's starts here; but the text runs on when the line
+            # before is full and this one neither indented nor set apart
+            return abs(indent) < ALIGN * em and not deliberate(prev, line, column,
+                                                                 self.page)
+        if prev.line.par != line.line.par:
+            # tesseract makes a paragraph of every short line: lines of one line each,
+            # without space or indent between them, are lines of one (kept as lines)
+            single = len(self._pars[(prev.line.block, prev.line.par)]) == 1
+            return abs(indent) < ALIGN * em and (single or not deliberate(
+                prev, line, column, self.page))
+        # a first-line indent after a short line starts a paragraph
+        return not (indent > 1.2 * em and deliberate(prev, line, column, self.page))
+
+    def _lost_first_items(self) -> None:
+        """A short paragraph right before a list, standing where the list's words
+        start: items whose markers were not read."""
+        tol = ALIGN * self.page.em
+        for k in range(len(self.blocks) - 1, 0, -1):
+            block, before = self.blocks[k], self.blocks[k - 1]
+            if block.kind != "list" or before.kind != "paragraph":
+                continue
+            first = block.items[0]
+            if first.marker.kind == "lost":
+                continue
+            if not all(abs(ln.left - first.marker.text_left) <= tol for ln in before.lines):
+                continue
+            if not first.marker.left < before.lines[0].left - tol:
+                continue
+            items = []
+            for ln in before.lines:
+                if items and not deliberate(items[-1].lines[-1], ln, before.column,
+                                             self.page):
+                    items[-1].lines.append(ln)
+                else:
+                    lost = _Marker("lost", "", 0, "", ln.left, ln.left)
+                    items.append(Item(first.depth, lost, [ln]))
+            block.items[:0] = items
+            del self.blocks[k - 1]
+
+
+def _baseline(tokens: list[Token]) -> float:
+    bottoms = [t.box[3] for t in tokens if ALNUM.search(t.text)
+               and not any(c in DESCENDERS for c in t.text)]
+    return statistics.median(bottoms or [t.box[3] for t in tokens])
+
+
+def _heading_levels(blocks: list[Block], page: Metrics) -> None:
+    """Heading levels by size among the page's headings: the largest are `#`, the next
+    `##`, smaller ones `###`; a page whose headings all have one size gets `#` only for
+    a size that is the page's title."""
+    heads = [b for b in blocks if b.kind == "heading"]
+    sizes = sorted({round(statistics.median(ln.em for ln in b.lines)) for b in heads},
+                   reverse=True)
+    tiers: list[float] = []
+    for size in sizes:
+        if not tiers or size < 0.88 * tiers[-1]:
+            tiers.append(size)
+    for b in heads:
+        size = statistics.median(ln.em for ln in b.lines)
+        tier = next((k for k, top in enumerate(tiers) if size >= 0.88 * top), len(tiers) - 1)
+        if len(tiers) == 1:
+            b.level = 1 if size >= TITLE * page.em else 2
+        else:
+            b.level = min(tier + 1, 3)
+
+
+def _speck(t: Token, page: Metrics) -> bool:
+    """Dust read as a mark: no letter or digit, smaller than lowercase letters and
+    read with little confidence (a full stop or a CJK comma read well is text)."""
+    return (not ALNUM.search(t.text) and not any(cjk.is_cjk(c) for c in t.text)
+            and max(t.box[2] - t.box[0], t.box[3] - t.box[1]) < 0.4 * page.em
+            and 0 <= t.conf < 60)
+
+
+def _marker(tokens: list[Token], page: Metrics) -> _Marker | None:
+    """The list marker that starts a line, if there is one."""
+    if len(tokens) < 2:
+        return None
+    first, second = tokens[0], tokens[1]
+    text = first.text
+    gap = second.box[0] - first.box[2]
+    left, text_left = first.box[0], second.box[0]
+    w, h = first.box[2] - first.box[0], first.box[3] - first.box[1]
+    if text in ROUND_BULLETS and gap > 0 and max(w, h) >= 0.15 * page.em:
+        return _Marker("bullet", "", 0, "", left, text_left, first)
+    if not ALNUM.search(second.text) and not second.text.startswith(tuple("(\"'‘’“”«")):
+        return None
+    if text in BULLETS and gap > 0 and max(w, h) >= (0.2 if text in "-–—" else 0.15) * page.em:
+        return _Marker("bullet", "", 0, "", left, text_left, first)
+    if m := NUMBER.fullmatch(text):
+        return _Marker("number", m[1], int(m[2]), m[3], left, text_left, first)
+    if (m := LETTER.fullmatch(text)) and (m[3] == ")" or gap >= 0.5 * page.em):
+        return _Marker("letter", m[1], ord(m[2].lower()) - 96, m[3], left, text_left, first)
+    if (m := ROMAN.fullmatch(text)) and m[2]:
+        return _Marker("roman", m[1], 0, m[3], left, text_left, first)
+    if len(text) <= 2 and (sum(c.isalnum() for c in text) <= 1 or text in BULLET_READINGS) \
+            and _bullet_shaped(first, tokens[1:], page):
+        return _Marker("bullet", "", 0, "", left, text_left, first)
+    return None
+
+
+def _bullet_shaped(mark: Token, words: list[Token], page: Metrics) -> bool:
+    """A bullet read as some small character: a solid dot smaller than the line's
+    lowercase letters, at their middle, with more than a word space after it (not dust
+    anywhere, not a one-letter word)."""
+    if not any(ALNUM.search(t.text) for t in words):
+        return False
+    em = min(max(page.em, line_em(Line(words))), 1.6 * page.em)  # the line's type size
+    w, h = mark.box[2] - mark.box[0], mark.box[3] - mark.box[1]
+    gap = words[0].box[0] - mark.box[2]
+    if not (0.15 * em <= min(w, h) and max(w, h) <= 0.47 * em and
+            max(w, h) <= 2.2 * min(w, h) and gap >= 0.28 * em):
+        return False
+    baseline = _baseline(words[:4])  # near the mark: a skewed line climbs
+    middle = (mark.box[1] + mark.box[3]) / 2
+    return baseline - 0.75 * em <= middle <= baseline - 0.05 * em
+
+
+def deliberate(prev: TextLine, line: TextLine, column: tuple[int, int],
+                page: Metrics) -> bool:
+    """Whether the page breaks `prev` on purpose: the next line's first word would
+    have fitted at its end."""
+    if not line.tokens:
+        return True
+    first = line.tokens[0]
+    if prev.tokens and hyphenated(prev.tokens[-1].text, first.text):
+        return False  # nobody breaks a word on purpose
+    scale = max(1.0, prev.em / page.em)  # a word space in the line's own type size
+    need = page.space * scale + (first.box[2] - first.box[0])
+    # with room to spare: a typist returns the carriage before the margin
+    slack = (2 * page.space + 0.3 * page.em) * scale
+    return prev.right + need < column[1] - slack
+
+
+def hyphenated(before: str, after: str) -> bool:
+    """A word split at the line end: a letter, a hyphen, and lowercase going on."""
+    return (len(before) >= 3 and before[-1] in "-‐\u00ad¬" and before[-2].isalpha()
+            and after[:1].islower())

@@ -1,0 +1,278 @@
+"""Tables: rows of cells found from wide gaps between words and from ruling lines, told
+apart from columns of prose.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ocrd.layout.measure import (
+    ALNUM,
+    CELL_GAP,
+    HEADING,
+    TABLE_ROW_GAP,
+    Metrics,
+    Rule,
+    line_em,
+    marker_like,
+)
+from ocrd.layout.reading import Box, Line, Token, union
+
+
+@dataclass
+class _Segment:
+    """Words of one line between wide gaps: a cell of a table row, or a whole line."""
+
+    tokens: list[Token]
+    line: int  # index into the page's lines
+
+    @property
+    def box(self) -> Box:
+        return union(t.box for t in self.tokens)
+
+
+@dataclass
+class _Row:
+    segments: list[_Segment]
+
+    @property
+    def box(self) -> Box:
+        return union(s.box for s in self.segments)
+
+
+@dataclass
+class Table:
+    """A grid of cells (the first row is the header) and where it lies on the page."""
+
+    cells: list[list[str]]
+    box: Box
+    right_aligned: list[bool]
+
+
+def _segments(lines: list[Line], rules: list[Rule], page: Metrics, skip: set[int],
+              bars: bool) -> list[_Segment]:
+    """Each line cut at gaps wide enough to part cells, where it crosses a vertical rule
+    (and with `bars`, at a `|`); dirt left out."""
+    verticals = [r for r in rules if r.vertical]
+    # wider than two word spaces: a typewriter's spaces are half an em and more
+    cell_gap = max(CELL_GAP * page.em, 2 * page.space)
+    out = []
+    for i, line in enumerate(lines):
+        if i in skip:
+            continue
+        cur: list[Token] = []
+        last: Token | None = None
+        for tok in line.tokens:
+            if is_dirt(tok, page):
+                continue
+            if bars and tok.text.strip("|") == "" or _on_rule(tok, verticals, page):
+                if cur:
+                    out.append(_Segment(cur, i))
+                cur, last = [], None
+                continue
+            if last is not None and (tok.box[0] - last.box[2] >= cell_gap or any(
+                    last.box[2] <= r.x <= tok.box[0] and _spans(r, tok.box)
+                    for r in verticals)):
+                out.append(_Segment(cur, i))
+                cur = []
+            cur.append(tok)
+            last = tok
+        if cur:
+            out.append(_Segment(cur, i))
+    return out
+
+
+def is_dirt(t: Token, page: Metrics) -> bool:
+    """A mark without letters or digits read with little confidence, or too small to be
+    a dash: a speck on the page."""
+    if ALNUM.search(t.text):
+        return False
+    w, h = t.box[2] - t.box[0], t.box[3] - t.box[1]
+    return 0 <= t.conf < 60 or max(w, h) < 0.2 * page.em
+
+
+def _spans(rule: Rule, box: Box) -> bool:
+    return rule.box[1] <= (box[1] + box[3]) / 2 <= rule.box[3]
+
+
+def _on_rule(t: Token, verticals: list[Rule], page: Metrics) -> bool:
+    """A vertical rule read as a character (`|`, `I`, `l`, ...)."""
+    if len(t.text) > 1 or t.text.isalnum() and t.text not in "Il1":
+        return False
+    mid = (t.box[0] + t.box[2]) / 2
+    return any(abs(mid - r.x) <= 0.4 * page.em and _spans(r, t.box) for r in verticals)
+
+
+def _rows(segments: list[_Segment]) -> list[_Row]:
+    """Segments side by side on the same height, top to bottom."""
+    rows: list[_Row] = []
+    for seg in sorted(segments, key=lambda s: (s.box[1] + s.box[3]) / 2):
+        top, bottom = seg.box[1], seg.box[3]
+        for row in reversed(rows[-4:]):
+            rt, rb = row.box[1], row.box[3]
+            overlap = min(bottom, rb) - max(top, rt)
+            if overlap >= 0.5 * min(bottom - top, rb - rt) and not any(
+                    s.box[0] < seg.box[2] and seg.box[0] < s.box[2] for s in row.segments):
+                row.segments.append(seg)
+                row.segments.sort(key=lambda s: s.box[0])
+                break
+        else:
+            rows.append(_Row([seg]))
+    return rows
+
+
+def page_tables(lines: list[Line], rules: list[Rule], page: Metrics,
+            ) -> tuple[list[Table], set[int]]:
+    """The page's tables and the lines they took. A `|` read in a line is a character of
+    a cell; only where no table is found that way is it taken for a ruling line that
+    tesseract read as a character (between cells too close for their gap alone)."""
+    big = {i for i, line in enumerate(lines) if line_em(line) >= HEADING * page.em}
+    tables, used = _find_tables(lines, rules, page, big, bars=False)
+    more, taken = _find_tables(lines, rules, page, used | big, bars=True)
+    return tables + more, used | taken
+
+
+def _find_tables(lines: list[Line], rules: list[Rule], page: Metrics, skip: set[int],
+                 bars: bool) -> tuple[list[Table], set[int]]:
+    rows = _rows(_segments(lines, rules, page, skip, bars))
+    tables: list[Table] = []
+    used: set[int] = set()
+    i = 0
+    while i < len(rows):
+        if len(rows[i].segments) < 2:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(rows) and _continues(rows[i:j + 1], rows[j + 1], rules, page):
+            j += 1
+        found = _grid(rows[i:j + 1], rules, page)
+        if found is None:
+            i += 1
+            continue
+        table, taken = found
+        tables.append(table)
+        used |= taken
+        i = j + 1
+    return tables, used
+
+
+def _continues(run: list[_Row], nxt: _Row, rules: list[Rule], page: Metrics) -> bool:
+    """Whether the next row goes on with the run: two cells or more, overlapping it,
+    close below it (or further, inside the same ruled grid, or as far as the run's rows
+    are from each other when they are spaced evenly)."""
+    if len(nxt.segments) < 2:
+        return False
+    a, b = run[-1].box, nxt.box
+    if not (a[0] < b[2] and b[0] < a[2]):
+        return False
+    gap = b[1] - a[3]
+    if gap <= TABLE_ROW_GAP * page.em:
+        return True
+    grid = [r for r in rules if r.vertical and r.box[1] <= a[1] and b[3] <= r.box[3]
+            and min(a[0], b[0]) - page.em <= r.x <= max(a[2], b[2]) + page.em]
+    if len(grid) >= 2 and gap <= 3 * page.em:
+        return True
+    steps = [r.box[1] for r in run] + [b[1]]
+    pitches = [y1 - y0 for y0, y1 in zip(steps, steps[1:], strict=False)]
+    return len(pitches) >= 2 and gap <= 2.5 * page.em and \
+        max(pitches) <= 1.25 * min(pitches)
+
+
+def _grid(rows: list[_Row], rules: list[Rule], page: Metrics,
+          ) -> tuple[Table, set[int]] | None:
+    """The rows as a table, if their cells line up in columns; None otherwise."""
+    box = union(r.box for r in rows)
+    ruled = _ruled(box, rules, page)
+    if len(rows) < (2 if ruled else 3):
+        return None
+    columns = _columns(rows)
+    if columns is None or len(columns) < 2:
+        return None
+    grid: list[list[list[Token]]] = [[[] for _ in columns] for _ in rows]
+    for r, row in enumerate(rows):
+        for seg in row.segments:
+            for tok in seg.tokens:
+                grid[r][_column_of(tok.box, columns)].append(tok)
+    filled = sum(1 for row in grid for cell in row if cell)
+    if filled < 0.6 * len(rows) * len(columns):
+        return None
+    if all(len(cell) == 1 and (marker_like(cell[0]) or len(columns) == 2 and
+                               cell[0].box[2] - cell[0].box[0] <= page.em)
+           for row in grid if (cell := row[0])):
+        return None  # a list: its markers stand apart from the items' words
+    if not ruled and _prose_columns(grid, page):
+        return None
+    cells = [[words_text(cell) for cell in row] for row in grid]
+    right = [_right_aligned([row[c] for row in grid[1:] if row[c]])
+             for c in range(len(columns))]
+    taken = {s.line for row in rows for s in row.segments}
+    return Table(cells, box, right), taken
+
+
+def _ruled(box: Box, rules: list[Rule], page: Metrics) -> bool:
+    """Whether vertical rules part the area's columns (a grid drawn around the cells)."""
+    inside = [r for r in rules if r.vertical and box[0] - page.em <= r.x <= box[2] + page.em
+              and r.box[1] <= box[3] and box[1] <= r.box[3]]
+    return len(inside) >= 3
+
+
+def _columns(rows: list[_Row]) -> list[tuple[int, int]] | None:
+    """Column extents from the rows with the most common number of cells (two or more);
+    None when those rows do not line up."""
+    counts = [len(r.segments) for r in rows if len(r.segments) >= 2]
+    if not counts:
+        return None
+    k = max(set(counts), key=lambda n: (counts.count(n), n))
+    full = [r for r in rows if len(r.segments) == k]
+    if len(full) < 2:
+        return None
+    columns = []
+    for c in range(k):
+        left = min(r.segments[c].box[0] for r in full)
+        right = max(r.segments[c].box[2] for r in full)
+        columns.append((left, right))
+    if any(a[1] >= b[0] for a, b in zip(columns, columns[1:], strict=False)):
+        return None
+    return columns
+
+
+def _column_of(box: Box, columns: list[tuple[int, int]]) -> int:
+    mid = (box[0] + box[2]) / 2
+    best, dist = 0, float("inf")
+    for c, (left, right) in enumerate(columns):
+        d = 0.0 if left <= mid <= right else min(abs(mid - left), abs(mid - right))
+        if d < dist:
+            best, dist = c, d
+    return best
+
+
+def _prose_columns(grid: list[list[list[Token]]], page: Metrics) -> bool:
+    """Columns of running text side by side rather than a table: in every column the
+    lines are long, of several words each."""
+    for c in range(len(grid[0])):
+        cells = [row[c] for row in grid if row[c]]
+        words = statistics.median(len(cell) for cell in cells)
+        width = statistics.median(cell[-1].box[2] - cell[0].box[0] for cell in cells)
+        if words < 6 and (words < 4 or width < 8 * page.em):
+            return False
+    return True
+
+
+def _right_aligned(cells: list[list[Token]]) -> bool:
+    if len(cells) < 2:
+        return False
+    lefts = [c[0].box[0] for c in cells]
+    rights = [c[-1].box[2] for c in cells]
+    return max(rights) - min(rights) < max(lefts) - min(lefts)
+
+
+def words_text(tokens: Sequence[Token]) -> str:
+    """Words of one line (or cell) as written: spaces where the page has them."""
+    out = []
+    for k, t in enumerate(tokens):
+        if k and t.spaced:
+            out.append(" ")
+        out.append(t.text)
+    return "".join(out)
