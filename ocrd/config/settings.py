@@ -87,10 +87,11 @@ class InboxConfig(_Strict):
         "A file counts as written once its size and time have not changed for this "
         "long; then it is checked for completeness."))
     incomplete_seconds: float = Field(600.0, ge=0, description=(
-        "A file that looks cut short is read as it is 10 s after its writer closed it; "
-        "an empty or cut-short file where no close is seen (network filesystems, a "
-        "file found by a scan) waits this long after its last change, then goes to "
-        "the failed folder."))
+        "A file that looks cut short (empty, a PDF without its end, an image that does "
+        "not decode to its end) waits until it has not changed for this long — also "
+        "after its writer closed it: SMB clients and scanners close a file between "
+        "chunks and pause — then is read as it is, or goes to the failed folder if it "
+        "does not read. A file that looks complete goes at once."))
     watch: Literal["auto", "inotify", "polling"] = Field("auto", description=(
         "How new files are noticed: `auto` (polling on network filesystems such as NFS, "
         "SMB or FUSE, inotify elsewhere), `inotify` or `polling`. Rescans find "

@@ -234,6 +234,7 @@ class Intake:
         entry = cand.entry
         if isinstance(decision, readiness.Wait):
             cand.why = decision.reason
+            cand.until, cand.fails_then = decision.until, decision.fails_then
             if decision.report:
                 cand.reported.add(decision.report)
                 log.info("file_incomplete", file=entry.relpath, reason=decision.reason,

@@ -382,7 +382,8 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
 
     tracker.observe(entry("new.pdf", 10))
     empty = tracker.observe(entry("empty.pdf", 0))
-    empty.why = "empty"
+    # as the intake loop records its check's decision (readiness.Wait)
+    empty.why, empty.until, empty.fails_then = "empty", clock[0] + 600, True
     wall = time.time()
     got = {w.name: w for w in waiting_files(inbox, True, clock[0] + 1, wall)}
     assert got["new.pdf"].reason == "changing" and abs(got["new.pdf"].until - (wall + 4)) < 1
