@@ -26,7 +26,7 @@ from pathlib import Path
 import structlog
 
 from ocrd.conditions import Conditions
-from ocrd.config.roots import MISSING, Roots
+from ocrd.config.roots import MISSING, Roots, unmounted
 from ocrd.config.settings import InboxConfig
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.watch import (
@@ -86,9 +86,11 @@ class Inbox:
         return self.roots.open(self.cfg.path)
 
     def open_destination(self, path: Path) -> Dir:
-        """One of the inbox's destinations (outbox, archive, failed), created on first
-        use; the one pinned (roots.RootChanged otherwise)."""
-        return self.roots.open(path, create=True, mode=self.perms.dir_mode)
+        """One of the inbox's destinations (outbox, archive, failed), the one pinned
+        (roots.RootChanged otherwise); created on first use only where the inbox's
+        `create_folders` says so."""
+        return self.roots.open(path, create=self.cfg.create_folders,
+                               mode=self.perms.dir_mode)
 
     def open_work(self, create: bool = False) -> Dir:
         """This daemon's work area in the inbox, `.ocrd-work/<instance>/` (0700: other
@@ -268,14 +270,32 @@ class Inboxes:
             if which == "path" and why == MISSING:
                 missing = True  # a share not mounted: inbox_missing, as ever
                 continue
-            if why is None or (why == MISSING and not pinned):
+            if why is None or (why == MISSING and not pinned and box.create_folders):
                 # as pinned (or a destination that ocrd makes on first use)
                 if self.conditions.cleared(key):
                     log.info("folder_back", inbox=str(box.path), folder=which,
                              path=str(path))
                 continue
+            if why == MISSING and not pinned:  # never there: ocrd does not make it
+                problems.append(f"its {_folder_word(which)} {str(path)!r} is not there (an "
+                                "unmounted share? ocrd creates it only with "
+                                "create_folders: true)")
+                self.conditions.met(
+                    key, "folder_missing", level="warning", inbox=str(box.path),
+                    folder=which, path=str(path),
+                    hint="the inbox takes no files until the folder is there: mount the "
+                    "share, or create the folder (or set create_folders: true to let ocrd "
+                    "create it)")
+                continue
             problems.append(f"its {_folder_word(which)} {str(path)!r} {why}")
             readable = readable and which != "path"
+            mount = self.roots.get(path).mount
+            if mount is not None and why == unmounted(mount):
+                self.conditions.met(
+                    key, "folder_unmounted", level="warning", inbox=str(box.path),
+                    folder=which, path=str(path), mount=str(mount),
+                    hint="the inbox takes no files until the share is mounted there")
+                continue
             self.conditions.met(
                 key, "folder_replaced", level="error", inbox=str(box.path), folder=which,
                 path=str(path), why=why, resolved=str(self.roots.get(path).real),

@@ -40,6 +40,9 @@ def _one(inbox: Inbox, cand: Candidate, engine_open: bool, now: float,
                            until=at(cand.last_change + cfg.quiet_seconds), fails_then=True)
     if not inbox.available:
         return WaitingFile(**base, why="the inbox folder is missing", reason="inbox_missing")
+    if inbox.blocked:
+        return WaitingFile(**base, why=f"the inbox is paused: {inbox.blocked}",
+                           reason="paused")
     if inbox.paused_until > now:
         return WaitingFile(**base, why="the inbox is paused (a destination failed)",
                            reason="paused", until=at(inbox.paused_until))

@@ -162,10 +162,10 @@ class Daemon:
 
     def _pin(self, cfg: Config) -> None:
         """Pin every configured folder as it is now (config/roots.py)."""
-        for path, (old, new) in self.roots.pin(configured(cfg)).items():
+        for path, (old, new) in self.roots.pin(configured(cfg), cfg.required_mounts).items():
             if new.real != path or not new.pinned:
                 log.info("folder_pinned", path=str(path), resolved=str(new.real),
-                         there=new.pinned)
+                         there=new.pinned, mount=str(new.mount) if new.mount else None)
             if old is not None and old.pinned and new.pinned and old.ident != new.ident:
                 log.warning("folder_pinned_anew", path=str(path), resolved=str(new.real),
                             why="the folder there now is not the one pinned before; this "
