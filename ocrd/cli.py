@@ -93,10 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("-v", "--verbose", action="count", default=0,
                       help="log events too, on their own lines: -v info, -vv debug")
 
-    check = command("check-config", "validate a config file and its folders",
-                    "Check a config file and the folders it names, as the daemon would "
-                    "use them: every problem is reported at once, one line each, naming "
-                    "the key and its value. Exit 0 when the daemon could start with it.")
+    check = command("check-config", "validate a config file, its folders and its engine",
+                    "Check a config file as the daemon's start would, everything but the "
+                    "GPU: the keys, the folders it names (a missing outbox, failed or "
+                    "archive folder, a required mount with nothing mounted), the engine "
+                    "(tesseract's languages installed, vLLM installed where engine.kind "
+                    "asks for it, the remote servers' URLs), token and key files, the "
+                    "listen addresses. Every problem is reported at once, one line each, "
+                    "naming the key and its value. Exit 0 when the daemon could start "
+                    "with it.")
     check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
     status = command("status", "queue, counts by state, recent failures, and the files "
@@ -192,6 +197,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             engine = _engine_chosen(cfg)
         except ConfigError as e:
             problems += e.problems
+        problems += _engine_preflight(cfg)
     problems = list(dict.fromkeys(problems))
     for problem in source.noted(ConfigError(*problems), found).problems:
         print(f"ocrd: {printable(problem)}", file=sys.stderr)
@@ -211,6 +217,14 @@ def _engine_chosen(cfg: Config) -> str:
         vllm = with_profile(cfg.engine).vllm
         why += f"; vLLM {vllm.mode}, profile {cfg.engine.vllm.profile}"
     return f"{kind}: {why}"
+
+
+def _engine_preflight(cfg: Config) -> list[str]:
+    """What the daemon's start would find wrong with the engine (service/daemon.py asks
+    the same), without a GPU: a tesseract language without its data, vLLM missing."""
+    from ocrd.engines import preflight
+
+    return preflight(cfg.engine)
 
 
 def _check_secrets_and_listen(cfg: Config) -> list[str]:

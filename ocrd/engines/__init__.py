@@ -12,7 +12,8 @@ from ocrd.config.settings import EngineConfig
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs.page import PageOutput
 
-__all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine", "with_profile"]
+__all__ = ["Engine", "PageOutput", "PageRequest", "choose_kind", "create_engine", "preflight",
+           "with_profile"]
 
 log = structlog.get_logger("ocrd.engine")
 
@@ -61,6 +62,22 @@ def with_profile(cfg: EngineConfig) -> EngineConfig:
     log.info("vllm_profile", profile=profile.name, reason=profile.reason,
              mode=vllm.mode, settings=profile.settings, overridden=overridden)
     return cfg.model_copy(update={"vllm": vllm})
+
+
+def preflight(cfg: EngineConfig) -> list[str]:
+    """What would stop the engine `cfg` asks for from starting, found by its class's
+    `preflight` (no GPU, nothing started): one line per problem. `ocrd check-config`
+    and the daemon's start both ask."""
+    kind, _why = choose_kind(cfg)
+    if kind == "tesseract":
+        from ocrd.engines.tesseract import TesseractEngine as chosen
+    elif kind == "vllm":
+        from ocrd.engines.vllm.inprocess import VllmEngine as chosen  # managed: the same
+    elif kind == "remote":
+        from ocrd.engines.remote import RemoteEngine as chosen
+    else:
+        return []
+    return chosen.preflight(cfg)
 
 
 def create_engine(cfg: EngineConfig) -> Engine:

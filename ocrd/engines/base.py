@@ -11,13 +11,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from PIL import Image
 
 from ocrd.outputs.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
 from ocrd.outputs.modeltext import inert_markdown
 from ocrd.outputs.page import PageOutput
+
+if TYPE_CHECKING:
+    from ocrd.config.engine import EngineConfig
 
 # What the inbox asked for; engines with a prompt (DeepSeek-OCR-2: deepseek_ocr2.prompt)
 # turn it into theirs, the others ignore it.
@@ -72,6 +75,14 @@ class Engine(abc.ABC):
     # Bytes a page costs per pixel, by mode, from rendering until the engine is done
     # with it (ocrd/pipeline/budget.py): here the packed page (3) and its Pillow image (4).
     pixel_bytes: dict[str, float] = {"RGB": 7.0}  # noqa: RUF012 - read only
+
+    @classmethod
+    def preflight(cls, cfg: EngineConfig) -> list[str]:
+        """What would stop this engine from starting with `cfg`, found without a GPU and
+        without starting anything (the program and its data installed, the addresses
+        well-formed): one line per problem, naming the key and its value. `ocrd
+        check-config` and the daemon's start both ask, before anything starts."""
+        return []
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load models, connect, check the installation. May take minutes."""

@@ -32,6 +32,7 @@ from ocrd.config.load import load_config
 from ocrd.config.roots import Roots, configured
 from ocrd.config.settings import Config, ConfigError
 from ocrd.engines import create_engine
+from ocrd.engines import preflight as engine_preflight
 from ocrd.engines.base import Engine
 from ocrd.intake.inboxes import Inbox
 from ocrd.intake.waiting import waiting_files
@@ -416,10 +417,14 @@ def run(config_path: Path) -> int:
     soft, hard = raise_descriptor_limit()
     log.info("descriptor_limit", soft=soft, hard=hard)
     cfg = load_config(config_path)
-    problems = layout_problems(cfg)
+    # what check-config finds too: overlapping folders, an engine that cannot start here
+    # (a tesseract language without its data); a restart would not mend them
+    problems = layout_problems(cfg) + engine_preflight(cfg.engine)
     if problems:
+        log.error("config_unusable", problems=problems,
+                  hint="`ocrd check-config` lists every problem; fix them, then start again")
         for problem in problems:
-            print(f"ocrd: {problem}", file=sys.stderr)
+            print(f"ocrd: configuration error: {problem}", file=sys.stderr)
         return 2
     daemon = Daemon(cfg, config_path)
     try:

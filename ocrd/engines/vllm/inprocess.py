@@ -23,6 +23,7 @@ from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, AttemptSettings
 from ocrd.engines.repetition import Attempt, convert_with_retries
+from ocrd.engines.vllm import installed
 from ocrd.engines.vllm.args import HeadDimGuard, engine_kwargs, fast_encoder_usable
 from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.outputs.page import PageOutput
@@ -131,6 +132,11 @@ class VllmEngine(Engine):
         self._api: _VllmApi | None = None  # vLLM's classes, loaded by start()
 
     # ---- lifecycle ------------------------------------------------------------------
+
+    @classmethod
+    def preflight(cls, cfg: EngineConfig) -> list[str]:
+        """vLLM installed here and new enough; a model folder that is one."""
+        return installed.problems(cfg)
 
     async def start(self) -> None:
         """Build the engine (minutes on a GPU: weights, profiling, CUDA graphs)."""

@@ -40,6 +40,7 @@ from ocrd.config.settings import EngineConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.remote import RemoteEngine
+from ocrd.engines.vllm import installed
 from ocrd.engines.vllm.args import fast_encoder_usable
 from ocrd.engines.vllm.mps import MpsControl, MpsUnavailable
 from ocrd.engines.vllm.serve_args import (  # noqa: F401 - the tests' and bench's names
@@ -139,6 +140,11 @@ class ManagedServerEngine(Engine):
         return any(s.fast_encoder_loaded for s in self.servers)
 
     # ---- lifecycle ------------------------------------------------------------------
+
+    @classmethod
+    def preflight(cls, cfg: EngineConfig) -> list[str]:
+        """vLLM installed here and new enough; a model folder that is one."""
+        return installed.problems(cfg)
 
     async def start(self) -> None:
         """Start every server and wait until all answer (minutes on a GPU); then
