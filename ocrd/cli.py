@@ -308,6 +308,10 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{live.get('pages_ok', 0)} pages done since start")
         for paused in live.get("paused_inboxes", []):
             print(printable(f"inbox {paused['inbox']}: PAUSED, {paused['why']}"))
+        if console is None:  # else its banners below say it, with a file's name
+            for unread in live.get("unread_in_subfolders", []):
+                print(printable(f"inbox {unread['inbox']}: {unread['files']} file(s) in its "
+                                "subfolders are not read (the inbox is not recursive)"))
     order = ["claimed", "converting", "finishing", "done", "failed"]
     print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
     if console is not None:

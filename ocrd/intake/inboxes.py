@@ -34,6 +34,7 @@ from ocrd.intake.watch import (
     Entry,
     Ignore,
     Observers,
+    UnreadFiles,
     entry_for,
     scan,
     watch_method,
@@ -76,6 +77,8 @@ class Inbox:
     # (size, mtime_ns) of originals being put back right now, from a worker thread: the
     # intake may see one in the inbox before it is in `kept` (and convert it again)
     putting_back: list[tuple[int, int]] = field(default_factory=list)
+    # files in subfolders that this inbox does not read (not recursive), at the last scan
+    unread: UnreadFiles | None = None
 
     @property
     def path(self) -> Path:
@@ -382,14 +385,16 @@ class Inboxes:
             self.conditions.met(key, "scan_error", folder=str(folder),
                                 error=e.strerror or str(e))
 
+        unread = None if inbox.cfg.recursive else UnreadFiles()
         entries = await asyncio.to_thread(
             lambda: list(scan(root, inbox.cfg.recursive, inbox.ignore, on_error,
                               open_top=inbox.open_root, on_too_deep=too_deep.append,
-                              stop=self._stopping.is_set)))
+                              stop=self._stopping.is_set, unread=unread)))
         for key in self.conditions.open_keys():
             if key[:2] == (root, "scan") and key not in seen_errors:
                 self.conditions.cleared(key, "scan_error_gone", folder=key[2])
         self._report_too_deep(inbox, too_deep)
+        self._report_unread(inbox, unread)
         if inbox.removed:
             return
         for entry in entries:
@@ -405,6 +410,19 @@ class Inboxes:
                             folders=len(folders), first=folders[0], max_depth=MAX_DEPTH,
                             hint="folders more than max_depth levels below the inbox are "
                             "neither scanned nor watched: their files are not converted")
+
+    def _report_unread(self, inbox: Inbox, unread: UnreadFiles | None) -> None:
+        """Files in the subfolders of an inbox that does not read them: kept for status
+        and the console, one log line when they first are there."""
+        inbox.unread = unread if unread is not None and unread.files else None
+        key = (inbox.path, "unread")
+        if inbox.unread is None:
+            self.conditions.cleared(key, "files_in_subfolders_gone", inbox=str(inbox.path))
+            return
+        self.conditions.met(key, "files_in_subfolders", level="info", inbox=str(inbox.path),
+                            files=unread.files, first=unread.first,
+                            hint="the inbox is not recursive: files in its subfolders are "
+                            "not read (recursive: true reads them)")
 
     def observe(self, inbox: Inbox, entry: Entry, complete: bool = False) -> None:
         if entry.regular and self.is_kept(inbox, entry):

@@ -46,6 +46,9 @@ def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
             elif sample.name == "ocrd_files_total":
                 key = "files_" + sample.labels.get("result", "?")
                 out[key] = out.get(key, 0) + int(sample.value)
+            elif sample.name == "ocrd_inbox_unread_files" and sample.value:
+                out.setdefault("unread_in_subfolders", []).append(
+                    {"inbox": sample.labels.get("inbox", "?"), "files": int(sample.value)})
             elif sample.name == "ocrd_inbox_paused" and sample.value:
                 out.setdefault("paused_inboxes", []).append(
                     {"inbox": sample.labels.get("inbox", "?"),
