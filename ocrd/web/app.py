@@ -70,6 +70,8 @@ def live_context(ctx: Context) -> dict:
         "waiting": waiting_list(live),
         "bars": bars, "bar_max": max(bars + [0.01]), "chart_hours": CHART_HOURS,
         "bar_minutes": CHART_BUCKET // 60,
+        # the last bar's span so far: not "now" (the big figure is the last minute's)
+        "bar_since": time.strftime("%H:%M", time.localtime(first + (count - 1) * CHART_BUCKET)),
     }
 
 

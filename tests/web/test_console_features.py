@@ -458,9 +458,13 @@ def test_the_chart_caption_agrees_with_the_running_bar(tmp_path: Path) -> None:
         elapsed = max(60.0, before - before // CHART_BUCKET * CHART_BUCKET)
         finished = site.json(f"/api/files/{job}")["file"]["finished"]
         expected = 120 / elapsed if finished // CHART_BUCKET == before // CHART_BUCKET else 0
-        shown = float(re.search(r"now ([0-9.]+)\)", html).group(1))
+        since = time.strftime("%H:%M", time.localtime(before // CHART_BUCKET * CHART_BUCKET))
+        shown = float(re.search(rf"the last bar, since {since}: ([0-9.]+)\)", html).group(1))
         assert abs(shown - expected) < 0.05 + expected * 0.1, (shown, expected)
-        assert "10-minute averages" in html and "over the last minute" in html
+        # two figures, two spans, each named: no "now" beside "over the last minute"
+        assert "pages/s in each 10 minutes of the last 6 hours" in html
+        caption = re.search(r'id="chart-caption">([^<]*)<', html).group(1)
+        assert "pages/s over the last minute" in html and "now" not in caption, caption
     finally:
         site.stop()
 
