@@ -118,7 +118,7 @@ class TesseractEngine(Engine):
             tsv, text = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
             turned_image = None
-            if self.orientation and tesseract_tsv.doubtful(tsv):
+            if self.orientation and page.turned is None and tesseract_tsv.doubtful(tsv):
                 # an upside-down page reads as confident-less garbage (a sideways one
                 # tesseract reads as it lies): ask OSD, keep the better reading
                 angle = await orientation.detect(self._tesseract, page,

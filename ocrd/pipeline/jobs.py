@@ -24,7 +24,7 @@ from ocrd.outputs.searchable_pdf import PdfSettings
 from ocrd.pipeline.document import Converter
 from ocrd.pipeline.source import Source
 from ocrd.work.item import Item
-from ocrd.work.journal import Journal, JournalUnwritable
+from ocrd.work.journal import Journal, JournalCorrupt, JournalUnwritable
 from ocrd.work.outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
 
 log = structlog.get_logger("ocrd.pipeline.jobs")
@@ -108,7 +108,8 @@ class Jobs:
         src = Source(fd, item.relpath, inbox=str(inbox.path), prompt_mode=inbox.cfg.prompt,
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
-                     claimed_at=item.claimed_at or 0.0, job_id=item.job_id)
+                     claimed_at=item.claimed_at or 0.0, job_id=item.job_id,
+                     turns_for=self._turns)
         if "pdf" in inbox.cfg.outputs:
             src.pdf = PdfSettings(inbox.cfg.pdf_text_layer, inbox.cfg.pdf_suffix)
         if plain:
@@ -141,6 +142,14 @@ class Jobs:
             item.sha256, item.info = src.sha256, src.info
             await self.outcomes.fail(item, errors.internal(e, "converting the file"))
         return None
+
+    def _turns(self, sha256: str) -> dict[int, int]:
+        """The pages of this document a person turned by hand (the console)."""
+        try:
+            return self.journal.turns(sha256)
+        except (JournalUnwritable, JournalCorrupt) as e:  # read as the engine sees them
+            log.warning("turns_unread", error=str(e))
+            return {}
 
     def _requeue(self, item: Item) -> None:
         with contextlib.suppress(JournalUnwritable):
