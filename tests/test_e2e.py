@@ -334,7 +334,8 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def test_check_config_names_the_bad_key_and_the_missing_inbox(tmp_path: Path) -> None:
-    (tmp_path / "in").mkdir()
+    for folder in ("in", "out", "failed"):
+        (tmp_path / folder).mkdir()
     typo = tmp_path / "typo.yaml"
     typo.write_text(f"""
 state_dir: {tmp_path}/state

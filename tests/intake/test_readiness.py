@@ -10,6 +10,7 @@ import pytest
 from ocrd import errors
 from ocrd.config.settings import InboxConfig
 from ocrd.intake.readiness import (
+    CLOSED_SETTLE_SECONDS,
     Changed,
     Claim,
     Forget,
@@ -208,10 +209,9 @@ def test_a_file_cut_short_waits_while_its_writer_may_still_write() -> None:
 
 def test_a_file_cut_short_waits_incomplete_seconds_even_after_its_writer_closed_it() -> None:
     """A writer that closes the file and pauses before it appends the next chunk (SMB
-    clients, some scanners) is not done: a file that looks cut short waits
-    incomplete_seconds unchanged, closed or not, then is read as it is (a PDF without
-    %%EOF that reads is converted, one that does not fails). The wait says until when,
-    and whether the file fails then. A complete file still goes at once."""
+    clients, some scanners) is not done: a file that looks cut short and does not read
+    waits incomplete_seconds unchanged, closed or not, then fails. The wait says until
+    when, and that the file fails then. A complete file still goes at once."""
     clock = Clock()
     t = Tracker(5, fast_close=True, clock=clock)
     cand = t.observe(entry("a.pdf"), closed=True)
@@ -220,16 +220,13 @@ def test_a_file_cut_short_waits_incomplete_seconds_even_after_its_writer_closed_
     waiting = decide(cand, cut, cand.entry, 5, 60, clock.t)
     assert waiting == Wait(report="incomplete", reason="truncated", until=clock.t + 60,
                            fails_then=True)
-    assert decide(cand, NO_EOF, cand.entry, 5, 60, clock.t) == \
-        Wait(report="incomplete", reason="no_trailer", until=clock.t + 60, fails_then=False)
     t.recheck_later(cand, waiting.until)  # ... and again when the wait ends
     clock.t += 59.9  # long past the 10 s a closed file used to be given
     assert t.due() == []
-    for probe in (cut, NO_EOF, errors.EmptyFile("0")):
+    for probe in (cut, errors.EmptyFile("0")):
         assert isinstance(decide(cand, probe, cand.entry, 5, 60, clock.t), Wait), probe
     clock.t += 0.1
     assert t.due() == [cand]
-    assert decide(cand, NO_EOF, cand.entry, 5, 60, clock.t) == Claim(info=NO_EOF)
     assert decide(cand, cut, cand.entry, 5, 60, clock.t) == Claim(error=cut)
     # the writer appends again: the wait starts over
     t.observe(entry("a.pdf", size=99))
@@ -238,3 +235,31 @@ def test_a_file_cut_short_waits_incomplete_seconds_even_after_its_writer_closed_
     whole = t.observe(entry("b.pdf"), closed=True)
     assert whole in t.due()
     assert decide(whole, INFO, whole.entry, 5, 60, clock.t) == Claim(info=INFO)
+
+
+def test_a_pdf_that_reads_without_its_trailer_is_read_once_its_writer_closed_it() -> None:
+    """Some scanners write PDFs without %%EOF that open all the same: closed (or moved
+    in) and unchanged for CLOSED_SETTLE_SECONDS since, such a file is converted (with a
+    warning) — not after incomplete_seconds. Without a close it waits those."""
+    clock = Clock()
+    t = Tracker(5, fast_close=True, clock=clock)
+    cand = t.observe(entry("a.pdf"), closed=True)
+    waiting = decide(cand, NO_EOF, cand.entry, 5, 600, clock.t)
+    assert waiting == Wait(report="incomplete", reason="no_trailer",
+                           until=clock.t + CLOSED_SETTLE_SECONDS, fails_then=False)
+    t.recheck_later(cand, waiting.until)
+    clock.t += CLOSED_SETTLE_SECONDS - 0.1
+    assert t.due() == []
+    assert isinstance(decide(cand, NO_EOF, cand.entry, 5, 600, clock.t), Wait)
+    clock.t += 0.1
+    assert t.due() == [cand]
+    assert decide(cand, NO_EOF, cand.entry, 5, 600, clock.t) == Claim(info=NO_EOF)
+    # one that does not read is not settled by the close
+    assert isinstance(decide(cand, errors.Truncated("cut"), cand.entry, 5, 600, clock.t), Wait)
+    # never longer than incomplete_seconds, nor shorter than the quiet period
+    assert decide(cand, NO_EOF, cand.entry, 5, 4, clock.t - CLOSED_SETTLE_SECONDS + 4) == \
+        Claim(info=NO_EOF)
+    # no close seen: incomplete_seconds
+    open_one = t.observe(entry("c.pdf"))
+    assert decide(open_one, NO_EOF, open_one.entry, 5, 600, clock.t) == \
+        Wait(report="incomplete", reason="no_trailer", until=clock.t + 600)
