@@ -95,12 +95,13 @@ class InboxConfig(_Strict):
         "A file counts as written once its size and time have not changed for this "
         "long; then it is checked for completeness."))
     incomplete_seconds: float = Field(600.0, ge=0, description=(
-        "A file that looks cut short and does not read (empty, a PDF without its end "
-        "that does not open, an image that does not decode to its end) waits until it "
-        "has not changed for this long — also after its writer closed it: SMB clients "
-        "and scanners close a file between chunks and pause — then goes to the failed "
-        "folder. One that reads without its end (a PDF without %%EOF) is read 10 s after "
-        "its writer closed it. A file that looks complete goes at once."))
+        "A file that looks cut short (empty, a PDF without its end, an image that does "
+        "not decode to its end) waits until it has not changed for this long — also "
+        "after its writer closed it: SMB clients and scanners close a file between "
+        "chunks and pause — then is read as it is (a PDF without %%EOF that opens is "
+        "converted), or goes to the failed folder if it does not read. A file that "
+        "looks complete goes at once. A scanner that writes PDFs without %%EOF: lower "
+        "it, above its longest pause between chunks."))
     watch: Literal["auto", "inotify", "polling"] = Field("auto", description=(
         "How new files are noticed: `auto` (polling on network filesystems such as NFS, "
         "SMB or FUSE, inotify elsewhere), `inotify` or `polling`. Rescans find "

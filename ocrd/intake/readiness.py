@@ -10,15 +10,14 @@ claim it (to convert, or to fail it with a reason), wait and look again, reject 
 that is not a regular file, or forget an entry that is gone.
 
 Whether a file is whole is judged from whether it has stopped changing, never from its
-parse alone. A file that looks cut short and does not read (a PDF without its trailer
-that does not open, an image that does not decode to its end, an empty file) waits until
-it has not changed for `incomplete_seconds`, whether or not its writer closed it — SMB
-clients and some scanners close the file between chunks and pause (seconds, a minute)
-before they open it again to append, so a close says nothing about the end; then it
-fails. One that reads without its end (a PDF without %%EOF, as some scanners write
-them) is settled by its writer's close and CLOSED_SETTLE_SECONDS unchanged (else after
-`incomplete_seconds`), and converted with a warning. A file that looks complete goes
-at once after its close (or its quiet period).
+parse alone: a file that looks cut short (a PDF without its trailer, an image that does
+not decode to its end, an empty file) waits until it has not changed for
+`incomplete_seconds`, whether or not its writer closed it — SMB clients and some
+scanners close the file between chunks and pause (seconds, a minute) before they open
+it again to append, and what they closed may even read (a PDF's first pages, an image's
+first rows), so a close says nothing about the end. Then it is read as it is: converted
+if it reads (a PDF without %%EOF, with a warning), failed if not. A file that looks
+complete goes at once after its close (or its quiet period).
 """
 
 from __future__ import annotations
@@ -32,10 +31,6 @@ from ocrd.render.pages import DocInfo
 
 # Waiting between checks of a file that looked incomplete: grows to this.
 MAX_RECHECK_SECONDS = 30.0
-# A file that reads but lacks its end (a PDF without %%EOF, as some scanners write them)
-# is settled this long (at least quiet_seconds, at most incomplete_seconds) after its
-# writer closed it. One that does not read waits incomplete_seconds, closed or not.
-CLOSED_SETTLE_SECONDS = 10.0
 
 
 @dataclass
@@ -43,8 +38,6 @@ class Candidate:
     entry: Entry
     last_change: float  # monotonic time of the last size/mtime/inode change
     closed: bool = False  # closed after writing, or moved in: due at once (fast path)
-    # the writer closed it (or it was moved in) and it has not changed since
-    writer_done: bool = False
     next_check: float = 0.0
     checks: int = 0
     busy: bool = False  # a check or a claim is running
@@ -126,20 +119,17 @@ def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
     if (now_entry.size, now_entry.mtime_ns, now_entry.ino) != cand.key():
         return Changed(now_entry)
     if looks_cut_short(probe):
-        # Maybe still being written: read as it is once it has stopped changing. One
-        # that does not read waits incomplete_seconds, closed or not (writers close
-        # between chunks and pause); one that reads without its trailer (scanners write
-        # such PDFs) is settled by its writer's close and CLOSED_SETTLE_SECONDS of quiet.
+        # Maybe still being written (a close proves nothing: writers close between
+        # chunks and pause, and what they closed may even read, as a PDF's first pages
+        # or an image's first rows do): read as it is once it has stopped changing for
+        # incomplete_seconds.
         reads = isinstance(probe, DocInfo)
-        closed = cand.writer_done and reads
-        if settled(cand, quiet_seconds, incomplete_seconds, now, closed):
+        if settled(cand, incomplete_seconds, now):
             return Claim(info=probe) if reads else Claim(error=probe)
         first = "incomplete" not in cand.reported
-        wait = _closed_settle(quiet_seconds, incomplete_seconds) if closed \
-            else incomplete_seconds
         return Wait(report="incomplete" if first else None,
                     reason="no_trailer" if reads else probe.reason,
-                    until=cand.last_change + wait, fails_then=not reads)
+                    until=cand.last_change + incomplete_seconds, fails_then=not reads)
     if isinstance(probe, errors.OcrdError):
         return Claim(error=probe) if quiet else Wait()
     return Claim(info=probe)
@@ -153,18 +143,9 @@ def looks_cut_short(probe: Probe) -> bool:
     return probe.cut_short
 
 
-def settled(cand: Candidate, quiet_seconds: float, incomplete_seconds: float,
-            now: float, closed: bool) -> bool:
-    """The file has stopped changing: its writer closed it (or moved it in: `closed`)
-    and it has not changed since for CLOSED_SETTLE_SECONDS, or it has not changed for
-    `incomplete_seconds`."""
-    quiet_for = now - cand.last_change
-    return (closed and quiet_for >= _closed_settle(quiet_seconds, incomplete_seconds)) \
-        or quiet_for >= incomplete_seconds
-
-
-def _closed_settle(quiet_seconds: float, incomplete_seconds: float) -> float:
-    return min(incomplete_seconds, max(quiet_seconds, CLOSED_SETTLE_SECONDS))
+def settled(cand: Candidate, incomplete_seconds: float, now: float) -> bool:
+    """The file has stopped changing: not for `incomplete_seconds`, closed or not."""
+    return now - cand.last_change >= incomplete_seconds
 
 
 # -- the candidates of one inbox ----------------------------------------------------------
@@ -195,10 +176,10 @@ class Tracker:
             cand.last_change = now
             cand.why = cand.until = None
             cand.fails_then = False
-            cand.closed = cand.writer_done = False
+            cand.closed = False
             cand.next_check = 0.0
         if closed:
-            cand.closed = cand.writer_done = True
+            cand.closed = True
             cand.next_check = 0.0
         cand.seen = now
         return cand
