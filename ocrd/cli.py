@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ocrd import __version__
 from ocrd.config import listen, secrets, source
+from ocrd.config.engine import ENGINES
 from ocrd.config.folders import check_folders
 from ocrd.config.load import load_config, parse_config
 from ocrd.config.settings import Config, ConfigError
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "subfolders mirrored)")
     conv.add_argument("-c", "--config", type=Path,
                       help="config file for engine/render/limits settings (optional)")
-    conv.add_argument("--engine", choices=["auto", "vllm", "remote", "tesseract"],
-                      help="override engine.kind")
+    conv.add_argument("--engine", metavar="KIND",
+                      help="override engine.kind: auto, " + ", ".join(ENGINES) +
+                      ", or an engine's class path package.module:Class")
     conv.add_argument("--prompt", choices=["markdown", "text"], default="markdown",
                       help="what to ask the model for (vllm/remote only)")
     conv.add_argument("--pdf", action="store_true",
@@ -170,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     found = source.find(args.config)
     cfg = source.load(found)
-    secrets.api_key(cfg.engine)  # a missing key file stops the start, not a page
+    secrets.api_key(cfg.engine.remote)  # a missing key file stops the start, not a page
     _tls_files(cfg)
     log.setup(cfg.log.level, cfg.log.format)
     structlog.get_logger("ocrd.cli").info("config_read", path=str(found.path),
@@ -193,6 +195,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         except ConfigError as e:
             problems += e.problems
     problems = list(dict.fromkeys(problems))
+    for note in checked.notes:
+        print(printable(f"ocrd: note: {note}"), file=sys.stderr)
     for problem in source.noted(ConfigError(*problems), found).problems:
         print(f"ocrd: {printable(problem)}", file=sys.stderr)
     if problems or cfg is None:
@@ -204,7 +208,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _engine_chosen(cfg: Config) -> str:
     """The engine `run` would start, and why; ConfigError: a key the vLLM layout cannot
     take."""
-    from ocrd.engines import choose_kind, with_profile
+    from ocrd.engines import choose_kind
+    from ocrd.engines.vllm.profile import with_profile
 
     kind, why = choose_kind(cfg.engine)
     if kind == "vllm":
@@ -221,14 +226,14 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
         load_token(cfg.web)  # a token file that is set must be readable and long enough
     except ConfigError as e:
         problems += e.problems
-    name = cfg.engine.api_key_credential
+    name = cfg.engine.remote.api_key_credential
     if name is not None and secrets.credential_path(name) is None:
-        print(printable(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
+        print(printable(f"ocrd: note: engine.remote.api_key_credential = {name!r} is read from "
                         "$CREDENTIALS_DIRECTORY, which only the service has; not checked "
                         "here"))
     else:
         try:
-            secrets.api_key(cfg.engine)
+            secrets.api_key(cfg.engine.remote)
         except ConfigError as e:
             problems += e.problems
     try:
@@ -245,11 +250,11 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
 
 def _tls_files(cfg: Config) -> None:
     """ConfigError unless the engine's CA bundle and client certificate (when set) load."""
-    eng = cfg.engine
-    if eng.tls_ca_file is not None or eng.tls_cert_file is not None:
+    remote = cfg.engine.remote
+    if remote.tls_ca_file is not None or remote.tls_cert_file is not None:
         from ocrd.engines.http import tls_context
 
-        tls_context(eng)
+        tls_context(remote)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -361,10 +361,10 @@ class Config(_Strict):
             box.outbox = fix(box.outbox)  # type: ignore[assignment]
             box.failed = fix(box.failed)  # type: ignore[assignment]
             box.archive = fix(box.archive)
-        eng = data.engine
-        eng.api_key_file = fix(eng.api_key_file)
-        eng.tls_ca_file, eng.tls_cert_file, eng.tls_key_file = (
-            fix(eng.tls_ca_file), fix(eng.tls_cert_file), fix(eng.tls_key_file))
+        remote = data.engine.remote
+        remote.api_key_file = fix(remote.api_key_file)
+        remote.tls_ca_file, remote.tls_cert_file, remote.tls_key_file = (
+            fix(remote.tls_ca_file), fix(remote.tls_cert_file), fix(remote.tls_key_file))
         return data
 
 

@@ -304,7 +304,7 @@ def convert_remote(tmp: Path, files: list[Path], text: str,
         fake = await FakeVllm(latency=0.0, text=text).start()
         cfg = parse_config({"state_dir": str(tmp), "metrics": {"listen": None},
                             "engine": {"kind": "remote", "model": MODEL,
-                                       "urls": [fake.url]}}, tmp)
+                                       "remote": {"urls": [fake.url]}}}, tmp)
         ns = Namespace(files=files, output=out, prompt="markdown", pdf=True,
                        pdf_text_layer=pdf_text_layer)
         jobs = jobs_for(files, out)

@@ -102,9 +102,11 @@ class ManagedServerEngine(Engine):
         self.env = env
         self.program = program
         self._client = RemoteEngine(cfg.model_copy(update={
-            "kind": "remote", "urls": [s.url for s in self.specs],
-            "concurrency_per_url": cfg.vllm.max_num_seqs,
-            "queue_per_url": queue_per_server(cfg.vllm, self.api_servers)}),
+            "kind": "remote", "remote": cfg.remote.model_copy(update={
+                "urls": [s.url for s in self.specs],
+                "concurrency_per_url": cfg.vllm.max_num_seqs,
+                "queue_per_url": queue_per_server(cfg.vllm, self.api_servers)})}),
+            recipe=deepseek_ocr2.DeepSeekOcr2(cfg),
             use_proxy=False,  # 127.0.0.1: never through a proxy
             send_priority=priority_scheduling(cfg))
         self.max_concurrency = self._client.max_concurrency
