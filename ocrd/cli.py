@@ -32,7 +32,8 @@ run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/con
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 2 usage or configuration error, 3 bad input (empty, truncated, damaged, unsupported, unreadable),
 4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 an output not written (not
-writable, or --pdf's PDF could not be made), 130 interrupted.
+writable, or an output asked for with --pdf or --hocr could not be made), 130
+interrupted.
 """
 
 
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--pdf", action="store_true",
                       help="also write NAME.pdf: the original, searchable (an invisible text "
                       "layer; NAME.ocr.pdf for a PDF converted into its own folder)")
+    conv.add_argument("--hocr", action="store_true",
+                      help="also write NAME.hocr: every word with its box and confidence "
+                      "(hOCR, as OCRmyPDF and proofreading tools read it)")
     conv.add_argument("--pdf-text-layer", choices=["replace", "add", "skip_if_text"],
                       default="skip_if_text", help="on pages that have text already: "
                       "replace it, add the layer anyway, or keep them as they are "

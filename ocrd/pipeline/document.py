@@ -25,8 +25,9 @@ import structlog
 from ocrd import __version__, names, safefs
 from ocrd.config.settings import Config
 from ocrd.engines.base import Engine
-from ocrd.outputs import destinations, records, searchable_pdf
+from ocrd.outputs import destinations, records
 from ocrd.outputs.assets import Staging
+from ocrd.outputs.writers import Document, Settings, Writer, writers_for
 from ocrd.pipeline import budget
 from ocrd.pipeline.pages import DocumentPages, EngineGate, EngineTraffic
 from ocrd.pipeline.schedule import FairSlots
@@ -140,26 +141,26 @@ class Converter:
             self.pending -= 1
             self.progressed()
         stem = src.stem or destinations.split_ext(PurePosixPath(src.name).name)[0]
+        outputs = writers_for(src.outputs, src.output_settings or Settings(), info.pages,
+                              self.engine.output_format)
         base = self.reservations.choose(out_dir, stem, src.sha256, src.name,
                                         src.same_path_replaces,
-                                        (src.pdf.suffix,) if src.pdf else ())
+                                        tuple(w.suffix for w in outputs))
         staging = Staging(out_dir, base, perms)
-        pdf = searchable_pdf.SearchablePdf(src.pdf, info.pages, self.engine.output_format ==
-                                   "grounding") if src.pdf else None
         try:
             self.documents[id(src)] = DocProgress(src, info.pages, time.time())
             results = await DocumentPages(self, workers, src, info, staging, staging.final,
-                                          blog, pdf).run()
-            if pdf is not None:  # before the sidecar, which lists it, and the Markdown
-                await searchable_pdf.finish(pdf, workers, src.path, info.kind, out_dir, base,
-                                    perms, self.metrics, blog)
-            meta = self._sidecar(src, info, results, base, staging, t0, pdf)
+                                          blog, outputs).run()
+            doc = Document(src.path, info.kind, src.name, info.pages)
+            for writer in outputs:  # before the sidecar, which lists them, and the Markdown
+                await writer.write(doc, out_dir, base, perms, workers, self.metrics, blog)
+            meta = self._sidecar(src, info, results, base, staging, t0, outputs)
             text = assemble(results)
             await asyncio.to_thread(self._write, out_dir, base, text, meta, staging, perms)
         except BaseException:
             await asyncio.to_thread(staging.discard)
-            if pdf is not None:
-                await asyncio.to_thread(pdf.discard, out_dir)
+            for writer in outputs:
+                await asyncio.to_thread(writer.discard, out_dir)
             raise
         finally:
             self.reservations.release(out_dir, base)
@@ -173,11 +174,11 @@ class Converter:
 
     def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: str,
                  staging: Staging, t0: Clock,
-                 pdf: searchable_pdf.SearchablePdf | None = None) -> dict:
+                 outputs: list[Writer]) -> dict:
         page_meta = [records.page(r) for r in results]
-        if pdf is not None:
+        for writer in outputs:
             for i, page in enumerate(page_meta):
-                page["text_layer"] = pdf.page_meta(i)
+                page.update(writer.page_meta(i))
         degraded = [r["page"] for r in results if r["status"] == "degraded"]
         return {
             "schema_version": records.SIDECAR_SCHEMA_VERSION,
@@ -193,7 +194,7 @@ class Converter:
             "outputs": {
                 "markdown": base + ".md",
                 "assets": staging.final if staging.used else None,
-                **(pdf.outputs() if pdf is not None else {}),
+                **{k: v for writer in outputs for k, v in writer.outputs().items()},
             },
             "timings": {
                 "claimed_at": records.iso(src.claimed_at),

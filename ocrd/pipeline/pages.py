@@ -30,9 +30,9 @@ from ocrd.render import pages, pixels
 
 if TYPE_CHECKING:
     from ocrd.config.settings import Config
-    from ocrd.outputs import searchable_pdf
     from ocrd.outputs.assets import Staging
     from ocrd.outputs.markdown import PageMarkdown
+    from ocrd.outputs.writers import Writer
     from ocrd.pipeline.schedule import FairSlots
     from ocrd.pipeline.source import DocProgress, Source
     from ocrd.render.pool import DocumentWorkers
@@ -109,10 +109,10 @@ class Shared(Protocol):
 class DocumentPages:
     def __init__(self, conv: Shared, workers: DocumentWorkers, src: Source,
                  info: pages.DocInfo, staging: Staging, assets_link: str, blog: Any,
-                 pdf: searchable_pdf.SearchablePdf | None) -> None:
+                 outputs: list[Writer]) -> None:
         self.conv, self.workers = conv, workers
         self.src, self.info, self.staging = src, info, staging
-        self.assets_link, self.blog, self.pdf = assets_link, blog, pdf
+        self.assets_link, self.blog, self.outputs = assets_link, blog, outputs
         self.results: list[dict] = [{} for _ in range(info.pages)]
         self.lost: dict[int, errors.OcrdError] = {}  # pages that could not be rendered
         self.unfinished = info.pages  # pages without their engine output yet
@@ -195,8 +195,8 @@ class DocumentPages:
                 doc.done += 1
             self.results[i] = await self._result(i, out, kept[0].to_image if kept else None,
                                                  size, render_s)
-            if self.pdf is not None:  # its text layer, from the engine's geometry
-                self.pdf.page(i, out, size.width, size.height)
+            for writer in self.outputs:  # e.g. the PDF's text layer, from the geometry
+                writer.page(i, out, size)
             self.blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
                             tokens=out.tokens, finish=out.finish_reason)
         finally:

@@ -136,7 +136,7 @@ def test_a_briefly_full_outbox_costs_no_searchable_pdf(tmp_path: Path, tiny_fs: 
         wait_for(lambda: len([e for e in d.events("output_unwritable")
                               if e["file"] == names[0]]) >= 3, 120,
                  "the full outbox met three times")
-        assert d.events("pdf_failed") == []
+        assert d.events("output_failed") == []
         assert files_under(d.failed) == []
         filler.unlink()  # space returns
         wait_for(lambda: all((out / n.replace(".pdf", ".md")).exists() for n in names),
