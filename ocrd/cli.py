@@ -431,7 +431,6 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
     from ocrd.engines import create_engine
     from ocrd.pipeline.batch import Batch, Outcome
     from ocrd.pipeline.document import Converter
-    from ocrd.pipeline.schedule import FairSlots
     from ocrd.render.pool import RenderPool
 
     engine = create_engine(cfg.engine)
@@ -441,8 +440,7 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
         print(f"ocrd: the engine cannot start: {e}", file=sys.stderr)
         return [Outcome(job, errors.EngineFailed(str(e))) for job in jobs]
     pool = RenderPool(cfg.render.workers)
-    slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
-    converter = Converter(cfg, engine, pool, slots)
+    converter = Converter(cfg, engine, pool)  # as the daemon's (service/wiring.py)
     progress.start()
     try:
         args.output.mkdir(parents=True, exist_ok=True)

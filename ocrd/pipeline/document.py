@@ -71,15 +71,25 @@ def sha256_fd(fd: int) -> str:
     return h.hexdigest()
 
 
+def pages_in_flight(cfg: Config, engine: Engine) -> int:
+    """The page slots: schedule.pages_in_flight, else what the engine usefully takes."""
+    return cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
+
+
 class Converter:
+    """Documents into Markdown (and the outputs asked for) through one engine; the daemon
+    (service/wiring.py) and `ocrd convert` (cli.py) build it alike."""
+
     def __init__(self, cfg: Config, engine: Engine, pool: RenderPool,
-                 slots: FairSlots, reservations: destinations.Reservations | None = None,
+                 slots: FairSlots | None = None,
+                 reservations: destinations.Reservations | None = None,
                  metrics: Any = None, liveness: EngineTraffic | None = None) -> None:
+        """`slots`: the page slots (default: pages_in_flight of them)."""
         self.cfg = cfg
         self.liveness = liveness
         self.engine = engine
         self.pool = pool
-        self.slots = slots
+        self.slots = slots if slots is not None else FairSlots(pages_in_flight(cfg, engine))
         self.reservations = reservations or destinations.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
