@@ -25,6 +25,7 @@ from bench.harness import (
     PAGE_DESIGNS,
     PAGE_KINDS,
     ROOT,
+    SIMULATED,
     DaemonProcess,
     TreeRss,
     daemon_config,
@@ -41,9 +42,9 @@ from bench.harness import (
 
 DPI = 144
 # The simulated engine as configured by default: a batching GPU doing ~15 pages/s.
-SIMULATED: dict[str, Any] = {"kind": "simulated"}
+SIMULATED: dict[str, Any] = {"kind": SIMULATED}
 # Zero engine time: what is left is the daemon's own per-file and per-page work.
-INSTANT: dict[str, Any] = {"kind": "simulated", "simulated": {"instant": True}}
+INSTANT: dict[str, Any] = {"kind": SIMULATED, "options": {"instant": True}}
 
 
 @dataclass
@@ -558,8 +559,10 @@ def remote_saturation(quick: bool) -> list[Result]:
     try:
         port = int(proc.stdout.readline().split()[1])
         url = f"http://127.0.0.1:{port}/v1"
-        base = {"kind": "remote", "urls": [url], "concurrency_per_url": batch,
-                "loop_retries": 0}
+        def engine(**transport: Any) -> dict:
+            return {"kind": "remote", "loop_retries": 0, "remote": {
+                "urls": [url], "concurrency_per_url": batch, **transport}}
+
         wait_for(lambda: _answers(url), 30, "the simulated server")
         docs = saturation_docs(quick)
         images = design_images()
@@ -568,7 +571,7 @@ def remote_saturation(quick: bool) -> list[Result]:
         _log(f"remote saturation: {len(requests)} pages, server batch {batch}")
         direct = []
         for c in (batch, batch + 2, 2 * batch):
-            cfg = {**base, "concurrency_per_url": 2 * batch, "queue_per_url": 0}
+            cfg = engine(concurrency_per_url=2 * batch, queue_per_url=0)
             direct.append(asyncio.run(_drive(cfg, requests, c)))
             _log(f"  server fed directly, {c} at once: {direct[-1]['pages_per_s']:.2f} pages/s")
         best = max(direct, key=lambda r: r["pages_per_s"])
@@ -576,7 +579,7 @@ def remote_saturation(quick: bool) -> list[Result]:
         for i in range(2):
             for label, extra in (("no_queue", {"queue_per_url": 0}), ("queue", {})):
                 root = fresh(f"remote-{label}-{i}")
-                runs[label].append(_run_daemon_on(root, {**base, **extra}, docs,
+                runs[label].append(_run_daemon_on(root, engine(**extra), docs,
                                                   timeout=60 + 4 * best["seconds"]))
                 _log(f"  daemon, {label}: {runs[label][-1]['pages_per_s']:.2f} pages/s")
     finally:

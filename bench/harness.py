@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# the checkout, and tests/ for the engines the benchmarks name by class path
+# (tests/simulated_engines.py)
+for _path in (ROOT / "tests", ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from simulated_engines import SIMULATED  # noqa: E402, F401 - the benchmarks' engine
 
 from tests.daemon_process import DaemonProcess as SharedDaemon  # noqa: E402
 from tests.daemon_process import wait_for as shared_wait_for  # noqa: E402

@@ -27,6 +27,7 @@ MODEL = "deepseek-ai/DeepSeek-OCR-2"
 
 def build_app(sim: dict):
     from PIL import Image
+    from simulated_engines import SIMULATED, SimulatedEngine
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -34,10 +35,8 @@ def build_app(sim: dict):
 
     from ocrd.config.settings import EngineConfig
     from ocrd.engines.base import PageRequest
-    from ocrd.engines.simulated import SimulatedEngine
 
-    engine = SimulatedEngine(EngineConfig.model_validate({"kind": "simulated",
-                                                          "simulated": sim}))
+    engine = SimulatedEngine(EngineConfig.model_validate({"kind": SIMULATED, "options": sim}))
     served = {"n": 0}
 
     async def models(_: Request) -> JSONResponse:

@@ -146,7 +146,7 @@ async def convert_one(url: str, folder: Path) -> dict[str, Any]:
     Image.new("RGB", (300, 400), "white").save(image)
     cfg = Config.model_validate({
         "state_dir": str(folder / "state"), "render": {"workers": 1},
-        "engine": {"kind": "remote", "model": MODEL, "urls": [url],
+        "engine": {"kind": "remote", "model": MODEL, "remote": {"urls": [url]},
                    "max_tokens": MAX_TOKENS}})
     engine = create_engine(cfg.engine)
     await engine.start()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ocrd import __version__
 from ocrd.config import listen, secrets, source
+from ocrd.config.engine import ENGINES
 from ocrd.config.folders import check_folders
 from ocrd.config.load import load_config, parse_config
 from ocrd.config.settings import Config, ConfigError
@@ -32,7 +33,8 @@ run, status, retry and check-config read -c FILE, else $OCRD_CONFIG, else
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 2 usage or configuration error, 3 bad input (empty, truncated, damaged, unsupported, unreadable),
 4 encrypted, 5 over a limit (pages, size), 6 engine failed, 7 an output not written (not
-writable, or --pdf's PDF could not be made), 130 interrupted.
+writable, or an output asked for with --pdf or --hocr could not be made), 130
+interrupted.
 """
 
 
@@ -74,13 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
                       "subfolders mirrored)")
     conv.add_argument("-c", "--config", type=Path,
                       help="config file for engine/render/limits settings (optional)")
-    conv.add_argument("--engine", choices=["auto", "vllm", "remote", "tesseract"],
-                      help="override engine.kind")
+    conv.add_argument("--engine", metavar="KIND",
+                      help="override engine.kind: auto, " + ", ".join(ENGINES) +
+                      ", or an engine's class path package.module:Class")
     conv.add_argument("--prompt", choices=["markdown", "text"], default="markdown",
                       help="what to ask the model for (vllm/remote only)")
     conv.add_argument("--pdf", action="store_true",
                       help="also write NAME.pdf: the original, searchable (an invisible text "
                       "layer; NAME.ocr.pdf for a PDF converted into its own folder)")
+    conv.add_argument("--hocr", action="store_true",
+                      help="also write NAME.hocr: every word with its box and confidence "
+                      "(hOCR, as OCRmyPDF and proofreading tools read it)")
     conv.add_argument("--pdf-text-layer", choices=["replace", "add", "skip_if_text"],
                       default="skip_if_text", help="on pages that have text already: "
                       "replace it, add the layer anyway, or keep them as they are "
@@ -186,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     found = source.find(args.config)
     cfg = source.load(found)
-    secrets.api_key(cfg.engine)  # a missing key file stops the start, not a page
+    secrets.api_key(cfg.engine.remote)  # a missing key file stops the start, not a page
     _tls_files(cfg)
     log.setup(cfg.log.level, cfg.log.format)
     structlog.get_logger("ocrd.cli").info("config_read", path=str(found.path),
@@ -210,6 +216,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             problems += e.problems
         problems += _engine_preflight(cfg)
     problems = list(dict.fromkeys(problems))
+    for note in checked.notes:
+        print(printable(f"ocrd: note: {note}"), file=sys.stderr)
     for problem in source.noted(ConfigError(*problems), found).problems:
         print(f"ocrd: {printable(problem)}", file=sys.stderr)
     if problems or cfg is None:
@@ -221,7 +229,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _engine_chosen(cfg: Config) -> str:
     """The engine `run` would start, and why; ConfigError: a key the vLLM layout cannot
     take."""
-    from ocrd.engines import choose_kind, with_profile
+    from ocrd.engines import choose_kind
+    from ocrd.engines.vllm.profile import with_profile
 
     kind, why = choose_kind(cfg.engine)
     if kind == "vllm":
@@ -246,14 +255,14 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
         load_token(cfg.web)  # a token file that is set must be readable and long enough
     except ConfigError as e:
         problems += e.problems
-    name = cfg.engine.api_key_credential
+    name = cfg.engine.remote.api_key_credential
     if name is not None and secrets.credential_path(name) is None:
-        print(printable(f"ocrd: note: engine.api_key_credential = {name!r} is read from "
+        print(printable(f"ocrd: note: engine.remote.api_key_credential = {name!r} is read from "
                         "$CREDENTIALS_DIRECTORY, which only the service has; not checked "
                         "here"))
     else:
         try:
-            secrets.api_key(cfg.engine)
+            secrets.api_key(cfg.engine.remote)
         except ConfigError as e:
             problems += e.problems
     try:
@@ -270,11 +279,11 @@ def _check_secrets_and_listen(cfg: Config) -> list[str]:
 
 def _tls_files(cfg: Config) -> None:
     """ConfigError unless the engine's CA bundle and client certificate (when set) load."""
-    eng = cfg.engine
-    if eng.tls_ca_file is not None or eng.tls_cert_file is not None:
+    remote = cfg.engine.remote
+    if remote.tls_ca_file is not None or remote.tls_cert_file is not None:
         from ocrd.engines.http import tls_context
 
-        tls_context(eng)
+        tls_context(remote)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -453,7 +462,6 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
     from ocrd.engines import create_engine
     from ocrd.pipeline.batch import Batch, Outcome
     from ocrd.pipeline.document import Converter
-    from ocrd.pipeline.schedule import FairSlots
     from ocrd.render.pool import RenderPool
 
     engine = create_engine(cfg.engine)
@@ -463,8 +471,7 @@ async def _convert(cfg: Config, args: argparse.Namespace, jobs: list[Any],
         print(f"ocrd: the engine cannot start: {e}", file=sys.stderr)
         return [Outcome(job, errors.EngineFailed(str(e))) for job in jobs]
     pool = RenderPool(cfg.render.workers)
-    slots = FairSlots(cfg.schedule.pages_in_flight or max(2, engine.max_concurrency))
-    converter = Converter(cfg, engine, pool, slots)
+    converter = Converter(cfg, engine, pool)  # as the daemon's (service/wiring.py)
     progress.start()
     try:
         args.output.mkdir(parents=True, exist_ok=True)

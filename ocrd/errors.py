@@ -99,22 +99,22 @@ class EngineFailed(OcrdError):
 
 
 class OutputFailed(OcrdError):
+    """An output could not be written: the result as a whole (the outbox refused it),
+    or — `output` names it — one output asked for besides the Markdown (`ocrd convert
+    --pdf`: the Markdown was written, the searchable PDF was not)."""
+
     reason = "output_failed"
     exit_code = ExitCode.OUTPUT
+
+    def __init__(self, message: str, *, output: str | None = None) -> None:
+        super().__init__(message)
+        self.output = output
 
 
 class TooManyAttempts(OcrdError):
     """The file was started too often without finishing (it may crash the daemon)."""
 
     reason = "too_many_attempts"
-
-
-class PdfFailed(OcrdError):
-    """`ocrd convert --pdf`: the Markdown was written, the searchable PDF asked for was
-    not."""
-
-    reason = "pdf_failed"
-    exit_code = ExitCode.OUTPUT
 
 
 class InternalError(OcrdError):
@@ -141,8 +141,7 @@ def internal(e: BaseException, doing: str) -> InternalError:
 REASONS: tuple[str, ...] = (
     "empty", "truncated", "damaged", "unsupported_format", "encrypted", "too_many_pages",
     "too_large", "unreadable", "not_a_regular_file", "render_failed", "engine_failed",
-    "too_many_attempts", "vanished", "not_claimed", "output_failed", "internal_error",
-    "pdf_failed")
+    "too_many_attempts", "vanished", "not_claimed", "output_failed", "internal_error")
 # Reasons of a page, never of a file (the sidecar's pages[].reason).
 PAGE_REASONS: tuple[str, ...] = ("page_too_small",)
 

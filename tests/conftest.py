@@ -24,6 +24,11 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "reliability"))
+# Every ocrd the tests start finds the engines they name by class path
+# (simulated_engines.py) here; daemon_process.ocrd_env says the same for the user's install.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(HERE), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                  if p and p != str(HERE))])
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

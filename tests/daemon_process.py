@@ -33,6 +33,8 @@ import yaml
 # its second pass; the daemon and the other `ocrd` commands the tests start are then
 # that one, so that a dependency only the test environment has cannot make them pass.
 USER_OCRD = "OCRD_TEST_OCRD"
+# this folder: the test engines (simulated_engines.py) that daemons load by class path
+TESTS = str(Path(__file__).resolve().parent)
 
 
 def ocrd_command() -> list[str]:
@@ -44,11 +46,15 @@ def ocrd_command() -> list[str]:
 
 def ocrd_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for an `ocrd` the tests start: `env` (default: this process's),
-    without PYTHONPATH when it is the user's install (PYTHONPATH names the checkout,
-    which would stand in for the installed copy)."""
+    with this folder on PYTHONPATH (the engines the tests name by class path:
+    simulated_engines.py) — and only this folder when `ocrd` is the user's install (the
+    checkout on PYTHONPATH would stand in for the installed copy)."""
     out = dict(os.environ if env is None else env)
     if os.environ.get(USER_OCRD):
-        out.pop("PYTHONPATH", None)
+        out["PYTHONPATH"] = TESTS
+    else:
+        rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != TESTS]
+        out["PYTHONPATH"] = os.pathsep.join([TESTS, *rest])
     return out
 
 

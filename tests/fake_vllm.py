@@ -39,7 +39,9 @@ class FakeVllm:
     fail_next: int = 0  # answer this many chat requests with 503 first
     status: int = 200  # answer every chat request with this status (when not 200)
     loop_above_ngram: int | None = None  # loop ("length") while ngram_size > this
-    # the message's content: a string, or anything else a broken server might send
+    # the message's content: a string, or anything else a broken server might send; or
+    # a function of the request's payload that answers as a model would: (content,
+    # finish_reason)
     text: Any = "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\nHello"
     finish_reason: Any = "stop"
     # chat requests this says yes to are never answered (a hung engine core); True: all
@@ -158,6 +160,8 @@ class FakeVllm:
         looping = (self.loop_above_ngram is not None
                    and xargs.get("ngram_size", 0) > self.loop_above_ngram)
         text, reason = (LOOP_TEXT, "length") if looping else (self.text, self.finish_reason)
+        if callable(text):
+            text, reason = text(payload)
         return 200, {
             "id": f"chatcmpl-{self.served}", "object": "chat.completion", "model": self.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -209,9 +213,20 @@ class FakeVllmThread:
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
 
 
+# the transport's keys (engine.remote); the rest are the engine section's own
+REMOTE_KEYS = frozenset(EngineConfig.model_fields["remote"].annotation.model_fields)
+
+
+def engine_section(*urls: str, **fields: Any) -> dict[str, Any]:
+    """An engine section for remote servers at `urls`; `fields` of the transport go to
+    engine.remote, the others stay in the section."""
+    remote = {"urls": list(urls), **{k: v for k, v in fields.items() if k in REMOTE_KEYS}}
+    return {"kind": "remote", "model": MODEL, "remote": remote,
+            **{k: v for k, v in fields.items() if k not in REMOTE_KEYS}}
+
+
 def config(*urls: str, **fields: Any) -> EngineConfig:
-    return EngineConfig.model_validate({"kind": "remote", "model": MODEL, "urls": list(urls),
-                                        **fields})
+    return EngineConfig.model_validate(engine_section(*urls, **fields))
 
 
 def page(n: int = 1, size: tuple[int, int] = (200, 300)) -> PageRequest:

@@ -98,13 +98,14 @@ def test_pdf_asked_for_and_not_made_is_a_failure_of_the_file(tmp_path: Path) -> 
     r = convert(doc, good, "-o", "out", "--pdf", cwd=tmp_path)
     assert r.returncode == 7, r.stderr  # an output not written
     (line,) = lines_for(r.stderr, doc)
-    assert "FAILED [pdf_failed]" in line and "the Markdown was written" in line, line
+    assert "FAILED [output_failed] the searchable PDF could not be made" in line, line
+    assert "the Markdown was written" in line, line
     assert "/proc/" not in line  # no descriptor paths in the sentence
     out = tmp_path / "out"
     assert (out / "issue18986.md").exists() and not (out / "issue18986.pdf").exists()
     assert sidecar(out, "issue18986")["outputs"]["pdf_failed"]
     assert (out / "opt_demo.pdf").exists()
-    assert r.stderr.splitlines()[-1] == "1 converted, 1 failed: 1 pdf_failed"
+    assert r.stderr.splitlines()[-1] == "1 converted, 1 failed: 1 output_failed (pdf)"
 
 
 @pytest.mark.e2e

@@ -67,7 +67,7 @@ def engine_settings(tiny: bool, model: Path, max_num_seqs: int | None = None,
     vllm["engine_args"] = engine_args
     # max_tokens=T with EOS banned: "length" every time, which is no loop here
     return {"kind": "vllm", "model": str(model), "max_tokens": s["T"], "loop_retries": 0,
-            "request_timeout_seconds": 900, "vllm": vllm}
+            "remote": {"request_timeout_seconds": 900}, "vllm": vllm}
 
 
 def tiny_env() -> dict[str, str]:

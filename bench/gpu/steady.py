@@ -32,6 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# the simulated engine (tests/simulated_engines.py), named by class path
+SIMULATED = "simulated_engines:SimulatedEngine"
 
 HOLD_DONE_SHARE = 0.95  # pages done in the second half ÷ pages the rate asks for
 HOLD_BACKLOG_SECONDS = 5.0  # the backlog may grow by this many seconds of arrivals
@@ -209,7 +211,7 @@ def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
     for d in (inbox, outbox, failed):
         d.mkdir(parents=True)
     config = {"state_dir": str(root / "state"), "drain_timeout_seconds": 5,
-              "engine": {"kind": "simulated", "simulated": {"max_batch": 16}},
+              "engine": {"kind": SIMULATED, "options": {"max_batch": 16}},
               "log": {"level": "info", "format": "json"},
               "metrics": {"listen": None}, "web": {"listen": None},
               "inboxes": [{"path": str(inbox), "outbox": str(outbox), "failed": str(failed),

@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
                 servers.append(srv)
                 assert srv.stdout is not None
                 urls.append(f"http://127.0.0.1:{int(srv.stdout.readline().split()[1])}/v1")
-            engine = {"kind": "remote", "urls": urls, "concurrency_per_url": args.batch,
-                      "queue_per_url": args.queue}
+            engine = {"kind": "remote", "remote": {
+                "urls": urls, "concurrency_per_url": args.batch, "queue_per_url": args.queue}}
             top = {"limits": {"memory_bytes": args.budget}} if args.budget else {}
             with Daemon(work / "daemon", engine=engine, **top) as d:
                 d.start()

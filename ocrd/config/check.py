@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from ocrd.config.engine import moved_keys
 from ocrd.config.settings import Config, ConfigError, InboxConfig
 
 # Each pass leaves out at least one wrong value; a file has far fewer.
@@ -33,6 +34,8 @@ class Checked:
     problems: list[str] = field(default_factory=list)
     numbers: list[int] = field(default_factory=list)
     listed: int = 0
+    # keys still read from an old place, one line each (not problems: the file works)
+    notes: list[str] = field(default_factory=list)
 
     def config_or_raise(self) -> Config:
         if self.problems or self.config is None:
@@ -58,6 +61,9 @@ def check(data: Any, base: Path) -> Checked:
     if not isinstance(data, dict):
         return Checked(None, ["the configuration must be a YAML mapping of keys to values"])
     top = dict(data)
+    top["engine"], notes = moved_keys(top.get("engine"))
+    if top["engine"] is None:
+        del top["engine"]
     raw_boxes = top.pop("inboxes", None) or []
     problems: list[str] = []
     if not isinstance(raw_boxes, list):
@@ -78,11 +84,11 @@ def check(data: Any, base: Path) -> Checked:
             boxes.append(box)
             numbers.append(i)
     if config is None:
-        return Checked(None, _unique(problems), listed=len(raw_boxes))
+        return Checked(None, _unique(problems), listed=len(raw_boxes), notes=notes)
     assert isinstance(config, Config)
     config = config.model_copy(update={"inboxes": boxes}).resolve(base)
     problems += layout_problems(config, numbers)
-    return Checked(config, _unique(problems), numbers, len(raw_boxes))
+    return Checked(config, _unique(problems), numbers, len(raw_boxes), notes)
 
 
 def _unique(lines: list[str]) -> list[str]:
@@ -173,7 +179,7 @@ def describe(model: type[BaseModel], err: Any, loc: Loc, prefix: Loc, value: Any
     if kind == "ocrd_key":
         message = err["ctx"]["message"]
     elif kind == "literal_error":
-        message = "must be one of " + ", ".join(public_choices(model, loc))
+        message = "must be one of " + ", ".join(choices(model, loc))
     else:
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     if value is _MISSING or isinstance(value, dict):
@@ -187,7 +193,7 @@ def _did_you_mean(model: type[BaseModel], loc: Loc) -> str:
     section = model_at(model, loc[:-1])
     if section is None or not isinstance(loc[-1], str):
         return ""
-    names = [n for n, f in section.model_fields.items() if not is_internal(f)]
+    names = list(section.model_fields)
     close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {close[0]!r}?"
@@ -205,8 +211,6 @@ def all_keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str]]:
     `engine.tesseract.lang`, `inboxes[].outbox`."""
     out = []
     for name, info in model.model_fields.items():
-        if is_internal(info):
-            continue
         path = f"{prefix}.{name}" if prefix else name
         out.append((path, name))
         sub = section_model(info.annotation)
@@ -222,20 +226,10 @@ def _first_sentence(text: str) -> str:
     return head[:1].lower() + head[1:] if head[1:2].islower() else head
 
 
-def is_internal(info: FieldInfo) -> bool:
-    """A key only ocrd's own tests and benchmarks use (left out of the reference)."""
-    extra = info.json_schema_extra
-    return isinstance(extra, dict) and bool(extra.get("internal"))
-
-
-def public_choices(model: type[BaseModel], loc: Loc) -> list[str]:
-    """The values a Literal key takes, without those for ocrd's tests."""
+def choices(model: type[BaseModel], loc: Loc) -> list[str]:
+    """The values a Literal key takes."""
     info = field_at(model, tuple(p for p in loc if not isinstance(p, int)))
-    if info is None:
-        return []
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    hidden = set(extra.get("internal_choices", ()))  # type: ignore[arg-type]
-    return [str(c) for c in literal_choices(info.annotation) if c not in hidden]
+    return [] if info is None else [str(c) for c in literal_choices(info.annotation)]
 
 
 def literal_choices(annotation: Any) -> list[Any]:

@@ -7,6 +7,8 @@ config.example.yaml are generated from these models (ocrd/config/reference.py).
 
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,11 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 DEFAULT_MODEL = "deepseek-ai/DeepSeek-OCR-2"
-
-# json_schema_extra of keys and choices that only ocrd's own tests and benchmarks use:
-# they work, but the reference and the example leave them out.
-INTERNAL = {"internal": True}
-
+# The page-markdown recipe's question (olmOCR's way: Markdown after a YAML front matter
+# that says how the page lies), in ocrd's words.
+DEFAULT_PAGE_PROMPT = (
+    "This image is one page of a document. Write out all of its text as Markdown, in the "
+    "order a person reads it: headings as headings, lists as lists, tables as HTML "
+    "tables, equations in LaTeX. Leave out nothing and add nothing. Begin with a YAML "
+    "front matter that gives primary_language, is_rotation_valid and "
+    "rotation_correction (0, 90, 180 or 270: the clockwise turn that would make the page "
+    "upright).")
 
 class _Strict(BaseModel):
     """Every configuration section: unknown keys are errors, defaults validated too."""
@@ -170,103 +176,97 @@ class VllmConfig(_Strict):
         return self.mode == "managed"
 
 
-class SimulatedConfig(_Strict):
-    """A stand-in for a continuous-batching GPU engine, for benchmarks and tests: one
-    stepping loop decodes every active page at once; nothing is read or learned."""
-
-    # pages decoded together in one step; more wait in the engine's queue
-    max_batch: int = Field(default=16, ge=1)
-    # one step takes step_seconds + step_per_page_seconds × pages in the batch
-    step_seconds: float = Field(default=0.02, ge=0)
-    step_per_page_seconds: float = Field(default=0.001, ge=0)
-    # a page's prefill (its image) adds this much to the step it enters the batch in
-    prefill_seconds_per_megapixel: float = Field(default=0.005, ge=0)
-    # decode steps (output tokens) per page, varied by up to ± this fraction per page
-    # (deterministically, from the document and page number)
-    decode_steps: int = Field(default=24, ge=1)
-    decode_jitter: float = Field(default=0.5, ge=0, lt=1)
-    # pages the daemon keeps in flight with this engine; 0 = max_batch + 2, a small
-    # queue so that a freed batch place is refilled at the very next step
-    concurrency: int = Field(default=0, ge=0)
-    # answer every page at once (zero step time): measures the daemon's own overhead
-    instant: bool = False
-
-
-class TestingFaultsConfig(_Strict):
-    """Fault injection around any engine, for reliability tests only: every N-th page
-    (counted per daemon run) meets the fault; 0 turns it off."""
-
-    error_every: int = Field(default=0, ge=0)  # raises an error
-    hang_every: int = Field(default=0, ge=0)  # never answers (page timeout)
-    garbage_every: int = Field(default=0, ge=0)  # returns random characters
-    die_after: int = Field(default=0, ge=0)  # the engine dies after this many pages
-    unavailable_seconds: float = Field(default=0.0, ge=0)  # unreachable after start
+# The engines by name: what `engine.kind` may say besides a class path of one's own
+# (`package.module:Class`, an ocrd.engines.base.Engine subclass). `auto` is a choice among
+# these, made at start.
+ENGINES: dict[str, str] = {
+    "tesseract": "ocrd.engines.tesseract:TesseractEngine",
+    "remote": "ocrd.engines.remote:RemoteEngine",
+    "vllm": "ocrd.engines.vllm.inprocess:VllmEngine",  # or managed servers: its create()
+}
+# How a model on `vllm serve` is asked for a page and how its answer is read: what
+# `engine.recipe` may say besides a class path of one's own (a Recipe subclass).
+RECIPES: dict[str, str] = {
+    "deepseek-ocr-2": "ocrd.engines.deepseek_ocr2:DeepSeekOcr2",
+    "page-markdown": "ocrd.engines.page_markdown:PageMarkdown",
+}
+CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+# Keys that moved into a section of their own: old place -> new place (both under
+# `engine`). The old place is still read, with a note saying where the key lives now.
+MOVED: dict[str, tuple[str, str]] = {
+    **{key: ("remote", key) for key in (
+        "urls", "api_key", "api_key_file", "api_key_credential", "tls_ca_file",
+        "tls_cert_file", "tls_key_file", "concurrency_per_url", "queue_per_url",
+        "request_timeout_seconds")},
+    "ngram": ("deepseek_ocr2", "ngram"),
+}
 
 
-class EngineConfig(_Strict):
-    """What reads the pages."""
+def moved_keys(engine: Any) -> tuple[Any, list[str]]:
+    """The engine section with keys from their old places moved into their sections,
+    and a note for each (a key given in both places stays, and is refused as unknown)."""
+    if not isinstance(engine, dict):
+        return engine, []
+    engine = dict(engine)
+    notes = []
+    for old, (section, key) in MOVED.items():
+        if old not in engine:
+            continue
+        into = engine.get(section)
+        if into is None:
+            into = {}
+        if not isinstance(into, dict) or key in into:
+            continue
+        engine[section] = {**into, key: engine.pop(old)}
+        notes.append(f"engine.{old} is now engine.{section}.{key}; the old place is still "
+                     f"read, but move it: `{section}:` with `{key}:` under it")
+    return engine, notes
 
-    kind: Literal["auto", "vllm", "remote", "tesseract", "simulated"] = Field(
-        "auto", json_schema_extra={"internal_choices": ["simulated"]}, description=(
-            "`auto`: vllm when vLLM is installed and a CUDA GPU is present, else "
-            "tesseract. `vllm`: DeepSeek-OCR-2 on this machine's GPU (`pip install "
-            "'ocr-inbox-daemon[vllm]'`). `remote`: OpenAI-compatible `vllm serve` "
-            "servers listed in `urls`. `tesseract`: the CPU engine (`apt-get install "
-            "tesseract-ocr tesseract-ocr-eng tesseract-ocr-osd`)."))
-    model: str = Field(DEFAULT_MODEL, description=(
-        "vllm: the model's Hugging Face id or local folder. remote: the served model's "
-        "name."))
+
+def _close(given: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class RemoteConfig(_Strict):
+    """OpenAI-compatible `vllm serve` servers that read the pages (`engine.kind: remote`):
+    where they are, how to reach them, how many pages each takes. What the model is asked
+    and how its answer is read: `engine.recipe`."""
+
     urls: list[str] = Field(default_factory=list, description=(
-        "remote: the servers' base URLs (`http://gpu1:8000/v1`); pages are spread "
-        "across them. Proxies come from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, "
-        "`NO_PROXY`; `/etc/default/ocrd` for the service)."))
+        "The servers' base URLs (`http://gpu1:8000/v1`); pages are spread across them. "
+        "Proxies come from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`; "
+        "`/etc/default/ocrd` for the service)."))
     api_key: str | None = Field(None, description=(
-        "remote: the servers' API key (`vllm serve --api-key`), sent as `Authorization: "
-        "Bearer …`. Better kept out of this file: api_key_file or api_key_credential; "
-        "give it one way only."))
+        "The servers' API key (`vllm serve --api-key`), sent as `Authorization: Bearer "
+        "…`. Better kept out of this file: api_key_file or api_key_credential; give it "
+        "one way only."))
     api_key_file: Path | None = Field(None, description=(
-        "remote: a file holding the API key, readable by ocrd's user alone "
-        "(`/etc/ocrd/api-key`)."))
+        "A file holding the API key, readable by ocrd's user alone (`/etc/ocrd/api-key`)."))
     api_key_credential: str | None = Field(None, pattern=r"^[A-Za-z0-9_.@-]+$", description=(
-        "remote: the name of a systemd credential holding the API key "
+        "The name of a systemd credential holding the API key "
         "(`LoadCredential=NAME:/etc/ocrd/api-key` in the unit; read from "
         "`$CREDENTIALS_DIRECTORY/NAME`)."))
     tls_ca_file: Path | None = Field(None, description=(
-        "remote, `https://` servers: trust this CA bundle (PEM) alone instead of the "
-        "system's CAs (a company's own CA)."))
+        "`https://` servers: trust this CA bundle (PEM) alone instead of the system's CAs "
+        "(a company's own CA)."))
     tls_cert_file: Path | None = Field(None, description=(
-        "remote: a client certificate (PEM) for servers that ask for one; its private "
-        "key in the same file or in tls_key_file."))
+        "A client certificate (PEM) for servers that ask for one; its private key in the "
+        "same file or in tls_key_file."))
     tls_key_file: Path | None = Field(None, description=(
-        "remote: the client certificate's private key (PEM, unencrypted: readable by "
-        "ocrd's user alone)."))
+        "The client certificate's private key (PEM, unencrypted: readable by ocrd's user "
+        "alone)."))
     concurrency_per_url: int = Field(32, ge=1, description=(
-        "remote: pages each server decodes at once: its batch (`vllm serve "
-        "--max-num-seqs`)."))
+        "Pages each server decodes at once: its batch (`vllm serve --max-num-seqs`)."))
     queue_per_url: int = Field(2, ge=0, description=(
-        "remote: pages sent to each server beyond its batch, to wait in its queue, so "
-        "that a place freed in the batch is refilled at once; 0 for a server that "
-        "refuses more than its batch."))
+        "Pages sent to each server beyond its batch, to wait in its queue, so that a "
+        "place freed in the batch is refilled at once; 0 for a server that refuses more "
+        "than its batch."))
     request_timeout_seconds: float = Field(600.0, gt=0, description=(
-        "remote: seconds before one request is given up (and retried)."))
-    max_tokens: int = Field(8192, ge=1, description="Most tokens generated for one page.")
-    loop_retries: int = Field(1, ge=0, description=(
-        "A page whose output ends for length or repetition (a loop) is read again this "
-        "many times with stricter anti-repetition settings; the best text is kept and "
-        "the page flagged in the sidecar."))
-    ngram: NGramConfig = Field(default_factory=NGramConfig)
-    vllm: VllmConfig = Field(default_factory=VllmConfig)
-    tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
-    simulated: SimulatedConfig = Field(default_factory=SimulatedConfig,
-                                       json_schema_extra=INTERNAL)
-    # ocrd's reliability tests only (see TestingFaultsConfig): null in production
-    testing_faults: TestingFaultsConfig | None = Field(None, json_schema_extra=INTERNAL)
+        "Seconds before one request is given up (and retried)."))
 
     @model_validator(mode="after")
-    def _remote_needs_urls(self) -> EngineConfig:
-        if self.kind == "remote" and not self.urls:
-            raise key_problem("kind", "'remote' needs the servers' addresses in "
-                              "engine.urls")
+    def _addresses_and_keys(self) -> RemoteConfig:
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
                 raise key_problem("urls", f"{url!r} must start with http:// or https://")
@@ -278,4 +278,99 @@ class EngineConfig(_Strict):
         if self.tls_key_file is not None and self.tls_cert_file is None:
             raise key_problem("tls_key_file", "tls_key_file is set without tls_cert_file "
                               "(the client certificate it belongs to)")
+        return self
+
+
+class DeepSeekOcr2Config(_Strict):
+    """DeepSeek-OCR-2's own settings (`engine.recipe: deepseek-ocr-2`, and the vllm
+    engine, which runs that model)."""
+
+    ngram: NGramConfig = Field(default_factory=NGramConfig)
+
+
+class PageMarkdownConfig(_Strict):
+    """A vision-language model that answers a page image with its Markdown
+    (`engine.recipe: page-markdown`): olmOCR, Nanonets-OCR, Qwen2.5-VL and the like on
+    `vllm serve`. docs/engines.md, "Bring your own model"."""
+
+    prompt: str = Field(DEFAULT_PAGE_PROMPT, min_length=1, description=(
+        "What the model is asked, beside the page's image. The default asks for Markdown "
+        "with a front matter that says whether the page lies turned (olmOCR's format); "
+        "a model trained on another prompt wants its own here."))
+    system_prompt: str | None = Field(None, description=(
+        "A system message before the page, for models that expect one."))
+    temperature: float = Field(0.0, ge=0, le=2, description=(
+        "Sampling temperature of the first try; each retry of a page that loops adds "
+        "`retry_temperature_step`."))
+    retry_temperature_step: float = Field(0.2, ge=0, le=1, description=(
+        "Added to the temperature on each retry of a page whose answer ran into a loop."))
+    front_matter: bool = Field(True, description=(
+        "Read a YAML front matter at the start of the answer (`---` … `---`: olmOCR's "
+        "`primary_language`, `is_rotation_valid`, `rotation_correction`) and leave it "
+        "out of the Markdown."))
+    turn_pages: bool = Field(True, description=(
+        "When the front matter says the page lies turned, ask again with the page turned "
+        "as it says (once); the sidecar records the turn as `rotation`."))
+
+
+class EngineConfig(_Strict):
+    """What reads the pages."""
+
+    kind: str = Field("auto", description=(
+        "`auto`: vllm when vLLM is installed and a CUDA GPU is present, else tesseract. "
+        "`vllm`: DeepSeek-OCR-2 on this machine's GPU (`pip install "
+        "'ocr-inbox-daemon[vllm]'`). `remote`: OpenAI-compatible `vllm serve` servers "
+        "(`engine.remote`), asked as `engine.recipe` says. `tesseract`: the CPU engine "
+        "(`apt-get install tesseract-ocr tesseract-ocr-eng tesseract-ocr-osd`). Or an "
+        "engine of your own, by class path: `package.module:Class` (its settings in "
+        "`engine.options`; docs/engines.md)."))
+    model: str = Field(DEFAULT_MODEL, description=(
+        "vllm: the model's Hugging Face id or local folder. remote: the served model's "
+        "name (`vllm serve --served-model-name`)."))
+    recipe: str = Field("deepseek-ocr-2", description=(
+        "How the model is asked for a page and how its answer is read (remote; vllm "
+        "runs deepseek-ocr-2 only). `deepseek-ocr-2`: DeepSeek-OCR-2's prompt, sampling, "
+        "n-gram ban and layout tags (`engine.deepseek_ocr2`). `page-markdown`: a model "
+        "that answers a page image with its Markdown, such as olmOCR "
+        "(`engine.page_markdown`). Or a recipe of your own: `package.module:Class`."))
+    max_tokens: int = Field(8192, ge=1, description="Most tokens generated for one page.")
+    loop_retries: int = Field(1, ge=0, description=(
+        "A page whose output ends for length or repetition (a loop) is read again this "
+        "many times with stricter settings (the recipe's); the best text is kept and the "
+        "page flagged in the sidecar."))
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
+    deepseek_ocr2: DeepSeekOcr2Config = Field(default_factory=DeepSeekOcr2Config)
+    page_markdown: PageMarkdownConfig = Field(default_factory=PageMarkdownConfig)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    tesseract: TesseractConfig = Field(default_factory=TesseractConfig)
+    options: dict[str, Any] = Field(default_factory=dict, description=(
+        "The settings of an engine given by class path (`kind: package.module:Class`), "
+        "checked by its own `Options` model where it has one."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_places(cls, data: Any) -> Any:
+        return moved_keys(data)[0]
+
+    @model_validator(mode="after")
+    def _kind_and_recipe(self) -> EngineConfig:
+        if self.kind != "auto" and self.kind not in ENGINES and \
+                not CLASS_PATH.fullmatch(self.kind):
+            raise key_problem("kind", "not an engine: one of " + ", ".join(["auto", *ENGINES])
+                              + ", or an engine's class path `package.module:Class`"
+                              + _close(self.kind, ["auto", *ENGINES]))
+        if self.recipe not in RECIPES and not CLASS_PATH.fullmatch(self.recipe):
+            raise key_problem("recipe", "not a recipe: one of " + ", ".join(RECIPES)
+                              + ", or a recipe's class path `package.module:Class`"
+                              + _close(self.recipe, list(RECIPES)))
+        if self.kind == "remote" and not self.remote.urls:
+            raise key_problem("kind", "'remote' needs the servers' addresses in "
+                              "engine.remote.urls")
+        if self.kind == "vllm" and self.recipe != "deepseek-ocr-2":
+            raise key_problem("recipe", f"{self.recipe!r}: the vllm engine runs "
+                              "DeepSeek-OCR-2 (deepseek-ocr-2); a model of another kind runs "
+                              "on `vllm serve` with kind: remote")
+        if self.options and not CLASS_PATH.fullmatch(self.kind):
+            raise key_problem("options", "options are for an engine given by class path "
+                              f"(kind: package.module:Class), not for {self.kind!r}")
         return self

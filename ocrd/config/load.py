@@ -7,10 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
 from ocrd.config.check import Checked, check
 from ocrd.config.settings import Config, ConfigError
+
+log = structlog.get_logger("ocrd.config")
 
 
 def parse_config(data: Any, base: Path) -> Config:
@@ -56,5 +59,10 @@ def yaml_problem(e: yaml.YAMLError) -> str:
 
 def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:
     """The config in the file at `path` (see read_config); ConfigError with every
-    problem when there is any."""
-    return read_config(path, defaults).config_or_raise()
+    problem when there is any. A key read from its old place is logged
+    (`config_key_moved`), once per load."""
+    checked = read_config(path, defaults)
+    cfg = checked.config_or_raise()
+    for note in checked.notes:
+        log.warning("config_key_moved", note=note)
+    return cfg

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ocrd.config.check import field_at, is_internal, public_choices, section_model
+from ocrd.config.check import choices, field_at, section_model
 from ocrd.config.settings import BUILTIN_IGNORE, Config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def reference() -> str:
 
 def _sections() -> Iterator[tuple[str, str, list[tuple[str, FieldInfo]]]]:
     """(title, text, keys) for the inboxes, the top-level keys, then each section."""
-    fields = _public(Config)
+    fields = dict(Config.model_fields)
     box = fields.pop("inboxes")
     inbox_model = section_model(box.annotation)
     assert inbox_model is not None
@@ -127,7 +127,7 @@ def _sections() -> Iterator[tuple[str, str, list[tuple[str, FieldInfo]]]]:
 
 def _model_sections(model: type[BaseModel], prefix: str) -> Iterator[
         tuple[str, str, list[tuple[str, FieldInfo]]]]:
-    fields = _public(model)
+    fields = dict(model.model_fields)
     plain = [(f"{prefix}.{n}", f) for n, f in fields.items() if section_model(f.annotation)
              is None]
     yield (f"`{prefix}`", _docstring(model), plain)
@@ -138,12 +138,8 @@ def _model_sections(model: type[BaseModel], prefix: str) -> Iterator[
 
 
 def _keys(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInfo]]:
-    for name, f in _public(model).items():
+    for name, f in model.model_fields.items():
         yield f"{prefix}.{name}", f
-
-
-def _public(model: type[BaseModel]) -> dict[str, FieldInfo]:
-    return {n: f for n, f in model.model_fields.items() if not is_internal(f)}
 
 
 def _docstring(model: type[BaseModel]) -> str:
@@ -219,7 +215,7 @@ def _annotation_text(annotation: Any, key: str) -> str:
         return _annotation_text(args[0], key) + " or null"
     if origin is typing.Literal:
         loc = tuple(p for p in re.split(r"\.|\[\]", key) if p)
-        return "one of " + ", ".join(f"`{c}`" for c in public_choices(Config, loc))
+        return "one of " + ", ".join(f"`{c}`" for c in choices(Config, loc))
     if origin is list:
         item = _annotation_text(args[0], key)
         return "list of " + (item.removeprefix("one of ") if item.startswith("one of ")
@@ -251,7 +247,7 @@ def summary(key: str) -> str:
     """The first sentence of a key's text."""
     loc = tuple(p for p in re.split(r"\.|\[\]", key) if p)
     info = field_at(Config, loc)
-    if info is None or not info.description or is_internal(info):
+    if info is None or not info.description:
         raise KeyError(f"no documented key {key!r} in the configuration")
     first = re.split(r"(?<=[.)])\s+(?=[A-Z`(])", info.description, maxsplit=1)[0]
     return first.replace("`", "")

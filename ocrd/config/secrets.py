@@ -1,6 +1,7 @@
-"""Secrets kept out of the YAML: `engine.api_key_file` (a file only ocrd's user can read)
-or `engine.api_key_credential` (a systemd credential: `LoadCredential=NAME:/path` in the
-unit puts it in $CREDENTIALS_DIRECTORY, readable by this service alone)."""
+"""Secrets kept out of the YAML: `engine.remote.api_key_file` (a file only ocrd's user can
+read) or `engine.remote.api_key_credential` (a systemd credential:
+`LoadCredential=NAME:/path` in the unit puts it in $CREDENTIALS_DIRECTORY, readable by this
+service alone)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ocrd.config.settings import ConfigError, EngineConfig
+from ocrd.config.engine import RemoteConfig
+from ocrd.config.settings import ConfigError
 
 CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
 
@@ -33,12 +35,12 @@ def credential_path(name: str, environ: Mapping[str, str] = os.environ) -> Path 
     return Path(folder) / name if folder else None
 
 
-def api_key(cfg: EngineConfig, environ: Mapping[str, str] = os.environ) -> str | None:
+def api_key(cfg: RemoteConfig, environ: Mapping[str, str] = os.environ) -> str | None:
     """The remote servers' API key from wherever the config says it is."""
     if cfg.api_key_file is not None:
-        return _read(cfg.api_key_file, f"engine.api_key_file = {str(cfg.api_key_file)!r}")
+        return _read(cfg.api_key_file, f"engine.remote.api_key_file = {str(cfg.api_key_file)!r}")
     if cfg.api_key_credential is not None:
-        key = f"engine.api_key_credential = {cfg.api_key_credential!r}"
+        key = f"engine.remote.api_key_credential = {cfg.api_key_credential!r}"
         path = credential_path(cfg.api_key_credential, environ)
         if path is None:
             raise ConfigError(
@@ -48,7 +50,7 @@ def api_key(cfg: EngineConfig, environ: Mapping[str, str] = os.environ) -> str |
     return cfg.api_key
 
 
-def with_api_key(cfg: EngineConfig, environ: Mapping[str, str] = os.environ) -> EngineConfig:
+def with_api_key(cfg: RemoteConfig, environ: Mapping[str, str] = os.environ) -> RemoteConfig:
     """`cfg` with `api_key` filled in from its file or credential (the engines read only
     `api_key`)."""
     if cfg.api_key_file is None and cfg.api_key_credential is None:

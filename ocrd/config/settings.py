@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ocrd.config import listen
-from ocrd.config.engine import EngineConfig, _Strict, key_problem
+from ocrd.config.engine import CLASS_PATH, EngineConfig, _Strict, key_problem
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
 # scanner temp files. Matched against each path component (fnmatch, case-insensitive).
@@ -54,6 +54,14 @@ class ConfigError(Exception):
 
 # state_dir for a config file under /etc: where the unit's StateDirectory=ocrd is.
 SERVICE_STATE_DIR = Path("/var/lib/ocrd")
+
+
+# The outputs besides the Markdown, by name: what an inbox's `outputs` may list besides
+# a writer's class path of one's own (an ocrd.outputs.writers.Writer subclass).
+WRITERS: dict[str, str] = {
+    "pdf": "ocrd.outputs.searchable_pdf:SearchablePdf",
+    "hocr": "ocrd.outputs.hocr:Hocr",
+}
 
 
 class InboxConfig(_Strict):
@@ -119,11 +127,14 @@ class InboxConfig(_Strict):
         "vllm and remote: what to ask the model for: `markdown` (layout, figures, "
         "tables), `text` (plain text) or `custom` (custom_prompt). tesseract ignores it."))
     custom_prompt: str | None = Field(None, description="The prompt, with prompt: custom.")
-    outputs: list[Literal["markdown", "pdf"]] = Field(
+    outputs: list[str] = Field(
         default_factory=lambda: ["markdown"], description=(
-            "What is written: `markdown` (always), and `pdf`: NAME.pdf beside NAME.md, "
-            "the original made searchable by an invisible text layer (README, "
-            "\"Searchable PDFs\")."))
+            "What is written: `markdown` (always: NAME.md and its sidecar NAME.json); "
+            "`pdf`: NAME.pdf, the original made searchable by an invisible text layer "
+            "(README, \"Searchable PDFs\"); `hocr`: NAME.hocr, every word with its box "
+            "and confidence on the page (for OCRmyPDF, archives and proofreading "
+            "tools); or a writer of one's own by class path, `package.module:Class` "
+            "(docs/engines.md)."))
     pdf_text_layer: Literal["replace", "add", "skip_if_text"] = Field(
         "skip_if_text", description=(
             "With outputs pdf, on pages that have text already: `skip_if_text` keeps "
@@ -173,7 +184,15 @@ class InboxConfig(_Strict):
         if self.prompt == "custom" and not self.custom_prompt:
             raise key_problem("prompt", "'custom' needs the prompt in custom_prompt")
         if "markdown" not in self.outputs:
-            raise key_problem("outputs", "must list 'markdown' (always written; add 'pdf')")
+            raise key_problem("outputs", "must list 'markdown' (always written; add "
+                              "'pdf' or 'hocr')")
+        for name in self.outputs:
+            if name != "markdown" and name not in WRITERS and not CLASS_PATH.fullmatch(name):
+                raise key_problem("outputs", f"{name!r} is not an output: markdown, "
+                                  f"{', '.join(WRITERS)}, or a writer's class path "
+                                  "`package.module:Class`")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise key_problem("outputs", "each output once")
         return self
 
     @property
@@ -380,10 +399,10 @@ class Config(_Strict):
             box.outbox = fix(box.outbox)  # type: ignore[assignment]
             box.failed = fix(box.failed)  # type: ignore[assignment]
             box.archive = fix(box.archive)
-        eng = data.engine
-        eng.api_key_file = fix(eng.api_key_file)
-        eng.tls_ca_file, eng.tls_cert_file, eng.tls_key_file = (
-            fix(eng.tls_ca_file), fix(eng.tls_cert_file), fix(eng.tls_key_file))
+        remote = data.engine.remote
+        remote.api_key_file = fix(remote.api_key_file)
+        remote.tls_ca_file, remote.tls_cert_file, remote.tls_key_file = (
+            fix(remote.tls_ca_file), fix(remote.tls_cert_file), fix(remote.tls_key_file))
         return data
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from PIL import Image
+from pydantic import BaseModel, ValidationError
 
+from ocrd.config.settings import ConfigError
 from ocrd.outputs.markdown import PageMarkdown, grounding_to_markdown, text_to_markdown
 from ocrd.outputs.modeltext import inert_markdown
 from ocrd.outputs.page import PageOutput
@@ -25,6 +27,11 @@ if TYPE_CHECKING:
 # What the inbox asked for; engines with a prompt (DeepSeek-OCR-2: deepseek_ocr2.prompt)
 # turn it into theirs, the others ignore it.
 PromptMode = Literal["markdown", "text", "custom"]
+# What `ocr()` returns, and so how `page_markdown` reads it: "grounding": DeepSeek-OCR-2's
+# tag stream (layout and figure boxes; figures are cropped from the page image);
+# "markdown": the page's Markdown, made by the engine (tesseract, from its layout:
+# ocrd/layout/) or a model; "text": plain text, escaped so that it reads as itself.
+OutputFormat = Literal["grounding", "markdown", "text"]
 
 
 @dataclass(frozen=True)
@@ -56,16 +63,19 @@ class PageRequest:
 
 
 class Engine(abc.ABC):
-    """Base class. Subclasses set `kind`, `model` and `output_format`."""
+    """Base class. Subclasses set `kind`, `model` and `output_format`; they are made by
+    `create(cfg)` from the engine section (EngineConfig). An engine of one's own, named in
+    `engine.kind` by class path, takes its settings from `engine.options`, checked by its
+    `Options` model when it has one (`options(cfg)`)."""
+
+    # a pydantic model of the settings an engine given by class path takes in engine.options
+    Options: ClassVar[type[BaseModel] | None] = None
 
     kind: str = "?"
     model: str = ""
-    # What `ocr()` returns, and so how `page_markdown` reads it: "grounding":
-    # DeepSeek-OCR-2's tag stream (deepseek_ocr2.OUTPUT_FORMAT), figures cropped from the
-    # page image; "markdown": the page's Markdown, made by the engine (tesseract, from
-    # its layout: ocrd/layout/); "text": plain text, escaped so that it reads
-    # as itself. An engine with a grounding format also follows the inbox's prompt mode.
-    output_format: Literal["grounding", "markdown", "text"] = "text"
+    # What `ocr()` returns (OutputFormat). An engine with a grounding format also follows
+    # the inbox's prompt mode.
+    output_format: OutputFormat = "text"
     # How many pages this engine usefully takes at once (the scheduler's default bound).
     max_concurrency: int = 1
     # The resolution it reads best (ocrd/render/resolution.py): born-digital pages at
@@ -81,12 +91,33 @@ class Engine(abc.ABC):
     pixel_bytes: dict[str, float] = {"RGB": 7.0}  # noqa: RUF012 - read only
 
     @classmethod
+    def create(cls, cfg: EngineConfig) -> Engine:
+        """The engine for `cfg` (an engine may choose among its variants here)."""
+        return cls(cfg)  # type: ignore[call-arg]
+
+    @classmethod
     def preflight(cls, cfg: EngineConfig) -> list[str]:
-        """What would stop this engine from starting with `cfg`, found without a GPU and
-        without starting anything (the program and its data installed, the addresses
-        well-formed): one line per problem, naming the key and its value. `ocrd
-        check-config` and the daemon's start both ask, before anything starts."""
+        """What would keep this engine from starting, found without starting it (no GPU,
+        no server asked, nothing written): one line per problem, each naming the key and
+        the fix. check-config and the daemon's start both ask."""
+        try:
+            cls.options(cfg)
+        except ConfigError as e:
+            return list(e.problems)
         return []
+
+    @classmethod
+    def options(cls, cfg: EngineConfig) -> BaseModel | None:
+        """`engine.options` checked by the `Options` model (None without one);
+        ConfigError naming each wrong key."""
+        if cls.Options is None:
+            return None
+        try:
+            return cls.Options.model_validate(cfg.options)
+        except ValidationError as e:
+            raise ConfigError(*(
+                f"engine.options.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+                for err in e.errors())) from None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load models, connect, check the installation. May take minutes."""

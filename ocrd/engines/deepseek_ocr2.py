@@ -1,10 +1,11 @@
 """DeepSeek-OCR-2's recipe in one place: prompts, output format, sampling and engine
 settings, and the n-gram ban every request runs under (tightened by ocrd on retries).
 
-The engines that run the model — in the daemon's process (engines/vllm/inprocess.py), on a local
-`vllm serve` that ocrd supervises (engines/vllm/managed.py), on servers elsewhere (remote.py) — take
-all of it from here; the generic engine interface (base.py) knows none of it. The
-n-gram ban's defaults are user settings (`engine.ngram`, engine_config.NGramConfig), the
+The engines that run the model — in the daemon's process (engines/vllm/inprocess.py), on
+a local `vllm serve` that ocrd supervises (engines/vllm/managed.py), on servers elsewhere
+(remote.py, through the `DeepSeekOcr2` recipe) — take all of it from here; the generic
+engine interface (base.py) and the transport know none of it. The n-gram ban's defaults
+are user settings (`engine.deepseek_ocr2.ngram`, config/engine.py's NGramConfig), the
 recipe's values; the processor that applies them lives with the code vLLM loads
 (ocrd/vllm_model/ngram.py).
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ocrd.config.engine import NGramConfig
-from ocrd.engines.base import PageRequest
+from ocrd.config.engine import EngineConfig, NGramConfig
+from ocrd.engines.base import OutputFormat, PageRequest
+from ocrd.engines.recipe import Recipe
 
 # Prompts of DeepSeek-OCR-2's published recipe (plain text, no chat template). The
 # "markdown" prompt asks for grounding tags (<|ref|>/<|det|>): layout and figure boxes.
@@ -26,7 +28,7 @@ PROMPTS: dict[str, str] = {
 
 # What the model writes: DeepSeek-OCR-2's tag stream, turned into Markdown (figures
 # cropped from the page image) by markdown.grounding_to_markdown (see base.Engine).
-OUTPUT_FORMAT = "grounding"
+OUTPUT_FORMAT: OutputFormat = "grounding"
 
 # Sampling: greedy, and the special tokens kept (outputs/markdown.py needs the grounding tags).
 SAMPLING: dict[str, Any] = {"temperature": 0.0, "skip_special_tokens": False}
@@ -116,3 +118,46 @@ def attempt_settings(ngram: NGramConfig, attempt: int) -> AttemptSettings:
     window = max(ngram.window_size, min(MAX_WINDOW_SIZE, ngram.window_size << shift))
     return AttemptSettings(attempt, size, window, tuple(ngram.whitelist_token_ids),
                            repetition_detection=True)
+
+
+def chat_text(prompt: str) -> str:
+    """The prompt without its `<image>` placeholder.
+
+    vLLM's chat path puts one `<image>\\n` before the text of a message whose text has no
+    placeholder, and DeepSeek-OCR(-2)'s fallback chat template adds nothing but the BOS
+    token, so the model sees exactly the recipe's plain prompt.
+    """
+    return prompt.removeprefix("<image>").removeprefix("\n")
+
+
+class DeepSeekOcr2(Recipe):
+    """DeepSeek-OCR-2 on `vllm serve`: the recipe's prompt after the page's image, greedy
+    sampling with the special tokens kept, the n-gram ban's per-request arguments
+    (tightened on each retry, with vLLM's repetition detector on retries)."""
+
+    name = "deepseek-ocr-2"
+    output_format = OUTPUT_FORMAT
+    follows_prompt = True
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        super().__init__(cfg)
+        self.ngram = cfg.deepseek_ocr2.ngram
+
+    def messages(self, page: PageRequest, image_url: str) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": image_url}},
+            {"type": "text", "text": chat_text(prompt(page))},
+        ]}]
+
+    def sampling(self, attempt: int) -> dict[str, Any]:
+        settings = attempt_settings(self.ngram, attempt)
+        fields: dict[str, Any] = {
+            **SAMPLING,
+            # per-request arguments of the server's NGramPerReqLogitsProcessor
+            "vllm_xargs": settings.extra_args(),
+        }
+        rep = settings.repetition_params()
+        if rep is not None:
+            # vLLM >= 0.19 stops a looping request early; older servers ignore the field.
+            fields["repetition_detection"] = rep
+        return fields

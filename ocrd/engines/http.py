@@ -25,7 +25,8 @@ from typing import Any
 import aiohttp
 
 from ocrd import __version__
-from ocrd.config.settings import ConfigError, EngineConfig
+from ocrd.config.engine import RemoteConfig
+from ocrd.config.settings import ConfigError
 
 # A server that does not accept a connection within this time counts as down.
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -54,15 +55,15 @@ class BadAnswer(ServerTrouble):
     the JSON of a chat completion."""
 
 
-def tls_context(cfg: EngineConfig) -> ssl.SSLContext:
+def tls_context(cfg: RemoteConfig) -> ssl.SSLContext:
     """The TLS settings for https servers: the system's CA store, or only
-    `engine.tls_ca_file` when it is set, and the client certificate when one is set.
+    `engine.remote.tls_ca_file` when it is set, and the client certificate when one is set.
     ConfigError when a file is missing or not what it should be."""
     try:
         ctx = ssl.create_default_context(
             cafile=str(cfg.tls_ca_file) if cfg.tls_ca_file is not None else None)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"engine.tls_ca_file = {str(cfg.tls_ca_file)!r}: "
+        raise ConfigError(f"engine.remote.tls_ca_file = {str(cfg.tls_ca_file)!r}: "
                           f"{_file_problem(e, 'no CA certificate (PEM) in it')}") from None
     if cfg.tls_cert_file is not None:
         key = str(cfg.tls_key_file) if cfg.tls_key_file is not None else None
@@ -70,8 +71,8 @@ def tls_context(cfg: EngineConfig) -> ssl.SSLContext:
             # an encrypted key would make OpenSSL ask for its password on the terminal
             ctx.load_cert_chain(str(cfg.tls_cert_file), key, password=lambda: b"")
         except (OSError, ssl.SSLError) as e:
-            files = f"engine.tls_cert_file = {str(cfg.tls_cert_file)!r}" + (
-                f", engine.tls_key_file = {key!r}" if key else "")
+            files = f"engine.remote.tls_cert_file = {str(cfg.tls_cert_file)!r}" + (
+                f", engine.remote.tls_key_file = {key!r}" if key else "")
             problem = _file_problem(e, "not a PEM certificate and its matching private key "
                                        "(unencrypted)")
             raise ConfigError(f"{files}: {problem}") from None
@@ -135,7 +136,7 @@ class Client:
     event loop that uses it. (aiohttp's own trust_env would also read ~/.netrc and the
     environment again, in a thread, for every request.)"""
 
-    def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True) -> None:
+    def __init__(self, cfg: RemoteConfig, *, use_proxy: bool = True) -> None:
         self.tls = tls_context(cfg)  # a bad file is a ConfigError now, not at the first page
         self._proxies = urllib.request.getproxies_environment() if use_proxy else {}
         self._routes: dict[str, Route] = {}  # per scheme://host:port
@@ -222,7 +223,7 @@ def describe_error(e: aiohttp.ClientError) -> str:
     if isinstance(e, aiohttp.ClientConnectorCertificateError):
         cert = e.certificate_error
         why = getattr(cert, "verify_message", None) or str(cert)
-        return f"TLS: server certificate not trusted ({why}); see engine.tls_ca_file"
+        return f"TLS: server certificate not trusted ({why}); see engine.remote.tls_ca_file"
     if isinstance(e, aiohttp.ClientHttpProxyError):
         return f"proxy: answered HTTP {e.status} {e.message}"
     if isinstance(e, aiohttp.ClientProxyConnectionError):

@@ -1,4 +1,7 @@
-"""DeepSeek-OCR-2 on one or more `vllm serve` instances, through their OpenAI-compatible API.
+"""A model on one or more `vllm serve` instances, through their OpenAI-compatible API: the
+transport. What the model is asked and how its answer is read is its recipe
+(recipe.py; DeepSeek-OCR-2's by default, `engine.recipe`); everything here works alike
+for any recipe.
 
 Pages go to the server with the fewest pages in flight, at most `concurrency_per_url` (the
 server's batch) + `queue_per_url` (waiting in its queue) per server. Who a failed request
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import re
 import struct
@@ -31,11 +35,11 @@ import structlog
 from PIL import Image
 
 from ocrd.config.settings import ConfigError, EngineConfig
-from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageRequest
-from ocrd.engines.deepseek_ocr2 import AttemptSettings
 from ocrd.engines.http import Answer, BadAnswer, Client, ServerTrouble, ServerUnreachable
+from ocrd.engines.recipe import Recipe
 from ocrd.engines.repetition import Attempt, convert_with_retries
+from ocrd.engines.table import recipe_class
 from ocrd.errors import EngineUnavailable
 from ocrd.outputs.page import PageOutput
 
@@ -64,7 +68,7 @@ ANSWER_BYTES_PER_TOKEN = 256
 # one in a thread.
 INLINE_PARSE_BYTES = 64 * 1024
 # A server whose request timed out is asked for a one-token page (the canary) within
-# this long (or engine.request_timeout_seconds, if shorter): the answer tells a sick
+# this long (or engine.remote.request_timeout_seconds, if shorter): the answer tells a sick
 # server from a page that takes too long.
 CANARY_TIMEOUT_SECONDS = 60.0
 # A sick server is asked again after this long, doubling up to the maximum.
@@ -72,6 +76,11 @@ RECOVERY_FIRST_SECONDS = 1.0
 RECOVERY_MAX_SECONDS = 30.0
 # finish_reason as OpenAI-compatible servers write it ("stop", "length", ...).
 _FINISH_REASON = re.compile(r"[a-z_]{1,32}")
+
+# A recipe read that the page lies turned: the attempt's fact that asks for another read.
+TURN_ASKED = "turn_asked"
+_CLOCKWISE = {90: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180,
+              270: Image.Transpose.ROTATE_90}
 
 Blame = Literal["server", "page", "settings"]
 T = TypeVar("T")
@@ -194,16 +203,6 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
 
 
-def chat_text(prompt: str) -> str:
-    """The prompt without its `<image>` placeholder.
-
-    vLLM's chat path puts one `<image>\\n` before the text of a message whose text has no
-    placeholder, and DeepSeek-OCR(-2)'s fallback chat template adds nothing but the BOS
-    token, so the model sees exactly the recipe's plain prompt.
-    """
-    return prompt.removeprefix("<image>").removeprefix("\n")
-
-
 @dataclass
 class _Server:
     """One `vllm serve` instance and what this engine knows about it."""
@@ -237,46 +236,52 @@ class _Server:
 
 
 class RemoteEngine(Engine):
-    """Pages sent to OpenAI-compatible `vllm serve` servers running DeepSeek-OCR-2."""
+    """Pages sent to OpenAI-compatible `vllm serve` servers, asked as the recipe says."""
 
     kind = "remote"
-    output_format = deepseek_ocr2.OUTPUT_FORMAT
 
-    def __init__(self, cfg: EngineConfig, *, use_proxy: bool = True,
-                 send_priority: bool = False) -> None:
-        """`use_proxy=False`: connect directly, whatever HTTP(S)_PROXY says (for a
-        server on this machine). `send_priority`: each request carries its page's
+    def __init__(self, cfg: EngineConfig, *, recipe: Recipe | None = None,
+                 use_proxy: bool = True, send_priority: bool = False) -> None:
+        """`recipe`: the model's (default: the one `engine.recipe` names).
+        `use_proxy=False`: connect directly, whatever HTTP(S)_PROXY says (for a server on
+        this machine). `send_priority`: each request carries its page's
         PageRequest.priority as vLLM's `priority` (servers started with
         `--scheduling-policy priority`, which refuse one otherwise)."""
-        if not cfg.urls:
-            raise ConfigError("engine.urls is empty: the remote engine needs a server URL")
+        remote = cfg.remote
+        if not remote.urls:
+            raise ConfigError("engine.remote.urls is empty: the remote engine needs a "
+                              "server URL")
         self.cfg = cfg
+        self.remote = remote
         self.model = cfg.model
+        self.recipe = recipe if recipe is not None else recipe_class(cfg.recipe)(cfg)
+        self.output_format = self.recipe.output_format
         self.send_priority = send_priority
-        per_server = cfg.concurrency_per_url + cfg.queue_per_url
-        self.servers = [_Server(u.rstrip("/"), per_server) for u in cfg.urls]
+        per_server = remote.concurrency_per_url + remote.queue_per_url
+        self.servers = [_Server(u.rstrip("/"), per_server) for u in remote.urls]
         self.max_concurrency = per_server * len(self.servers)
         # set whenever a slot frees up; waiters re-check (asyncio: no lost wake-ups
         # between the check and the wait, as nothing awaits in between)
         self._slot_freed = asyncio.Event()
         self._turn = 0  # rotates the choice among equally busy servers
         self._closing = False
-        self._client = Client(cfg, use_proxy=use_proxy)
+        self._client = Client(remote, use_proxy=use_proxy)
         self._requests: set[asyncio.Task] = set()  # in flight, for close() to cut
         self.answer_limit = ANSWER_BASE_BYTES + cfg.max_tokens * ANSWER_BYTES_PER_TOKEN
-        self.canary_timeout = min(CANARY_TIMEOUT_SECONDS, cfg.request_timeout_seconds)
+        self.canary_timeout = min(CANARY_TIMEOUT_SECONDS, remote.request_timeout_seconds)
         self._canary_payload: bytes | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
 
     @classmethod
     def preflight(cls, cfg: EngineConfig) -> list[str]:
-        """Every server URL parses: http(s), a host, a port that is one."""
-        out = []
-        for i, url in enumerate(cfg.urls):
+        """The engine's own checks, and every server URL parses: http(s), a host, a port
+        that is one."""
+        out = super().preflight(cfg)
+        for i, url in enumerate(cfg.remote.urls):
             why = _url_problem(url)
             if why:
-                out.append(f"engine.urls[{i}] = {url!r}: {why}")
+                out.append(f"engine.remote.urls[{i}] = {url!r}: {why}")
         return out
 
     async def start(self) -> None:
@@ -313,9 +318,14 @@ class RemoteEngine(Engine):
         await asyncio.gather(*recoveries, *self._requests, return_exceptions=True)
         await self._client.close()
 
+    @property
+    def follows_prompt(self) -> bool:
+        return self.recipe.follows_prompt
+
     def describe(self) -> dict:
         info = super().describe()
         info["urls"] = [s.url for s in self.servers]
+        info.update(self.recipe.describe())
         return info
 
     def in_flight(self) -> dict[str, int]:
@@ -355,42 +365,46 @@ class RemoteEngine(Engine):
         if page.on_encoded is not None:
             page.on_encoded(url)
         page = replace(page, image=None, on_encoded=None)
-        return await convert_with_retries(lambda s: self._attempt(page, url, s), self.cfg)
+        out = await self._read(page, url)
+        turn = out.extra.pop(TURN_ASKED, None)
+        if turn is not None:
+            # the model says the page lies turned: once more, turned as it says
+            turned = await asyncio.to_thread(_turned_data_url, url, turn)
+            out = await self._read(page, turned)
+            out.extra.pop(TURN_ASKED, None)
+            out.rotation = turn
+        return out
+
+    async def _read(self, page: PageRequest, image_url: str) -> PageOutput:
+        return await convert_with_retries(lambda n: self._attempt(page, image_url, n),
+                                          self.cfg.loop_retries)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
-        if self.cfg.api_key:
-            headers["Authorization"] = f"Bearer {self.cfg.api_key}"
+        if self.remote.api_key:
+            headers["Authorization"] = f"Bearer {self.remote.api_key}"
         return headers
 
-    def _payload(self, page: PageRequest, image_url: str,
-                 settings: AttemptSettings) -> dict[str, Any]:
+    def _payload(self, page: PageRequest, image_url: str, attempt: int) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self.model,
-            "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": image_url}},
-                {"type": "text", "text": chat_text(deepseek_ocr2.prompt(page))},
-            ]}],
-            **deepseek_ocr2.SAMPLING,
+            "messages": self.recipe.messages(page, image_url),
+            **self.recipe.sampling(attempt),
             "max_tokens": self.cfg.max_tokens,
-            # per-request arguments of the server's NGramPerReqLogitsProcessor
-            "vllm_xargs": settings.extra_args(),
         }
         if self.send_priority:  # lower first; vLLM breaks ties by arrival
             payload["priority"] = page.priority
-        rep = settings.repetition_params()
-        if rep is not None:
-            # vLLM >= 0.19 stops a looping request early; older servers ignore the field.
-            payload["repetition_detection"] = rep
         return payload
 
-    async def _attempt(self, page: PageRequest, image_url: str,
-                       settings: AttemptSettings) -> Attempt:
-        body = json.dumps(self._payload(page, image_url, settings)).encode("utf-8")
+    async def _attempt(self, page: PageRequest, image_url: str, attempt: int) -> Attempt:
+        body = json.dumps(self._payload(page, image_url, attempt)).encode("utf-8")
         done, server = await self._post("/chat/completions", body, parse_completion)
-        return Attempt(text=done.text, finish_reason=done.finish_reason,
-                       tokens=done.tokens, prompt_tokens=done.prompt_tokens,
-                       extra={"engine": self.kind, "server": server.url})
+        read = self.recipe.read(done.text)
+        extra = {"engine": self.kind, "server": server.url, **read.extra}
+        if read.turn is not None:
+            extra[TURN_ASKED] = read.turn
+        return Attempt(text=read.text, finish_reason=done.finish_reason,
+                       tokens=done.tokens, prompt_tokens=done.prompt_tokens, extra=extra)
 
     async def probe_status(self, url: str, timeout: float = PROBE_TIMEOUT_SECONDS
                            ) -> int | None:
@@ -413,7 +427,7 @@ class RemoteEngine(Engine):
           server, or waits until one can take it;
         - HTTP 401, 403, 404: the settings' (key, model, URL) — every page waits;
         - any other HTTP 4xx: the page's — the server read this request and refused it;
-        - no answer within engine.request_timeout_seconds: ambiguous, so the server is
+        - no answer within engine.remote.request_timeout_seconds: ambiguous, so the server is
           asked for a one-token page (the canary). Back in time: the server works and
           this page is what takes too long — the page's. Not back: the server is sick
           (hung, or too slow for any page) — the server's; it gets no pages, and its
@@ -427,8 +441,8 @@ class RemoteEngine(Engine):
             return "server"
         if server.sick is None and await self._canary(server):
             return "page"
-        self._set_sick(server, f"no answer within engine.request_timeout_seconds = "
-                               f"{self.cfg.request_timeout_seconds:g}, nor to a canary "
+        self._set_sick(server, f"no answer within engine.remote.request_timeout_seconds = "
+                               f"{self.remote.request_timeout_seconds:g}, nor to a canary "
                                f"within {self.canary_timeout:g} s")
         return "server"
 
@@ -455,8 +469,7 @@ class RemoteEngine(Engine):
         if self._canary_payload is None:
             canary = PageRequest(image=None, page_no=0, doc_id="canary", prompt_mode="text")
             payload = self._payload(canary, image_data_url(Image.new("RGB", (64, 64),
-                                                                     "white")),
-                                    deepseek_ocr2.attempt_settings(self.cfg.ngram, 1))
+                                                                     "white")), 1)
             payload["max_tokens"] = 1
             self._canary_payload = json.dumps(payload).encode("utf-8")
         return self._canary_payload
@@ -497,7 +510,7 @@ class RemoteEngine(Engine):
         then ServerUnreachable (a cancel of the caller itself stays a cancel)."""
         request = asyncio.ensure_future(self._client.send(
             "POST", server.url + path, body=body, headers=self._headers(),
-            timeout=timeout or self.cfg.request_timeout_seconds,
+            timeout=timeout or self.remote.request_timeout_seconds,
             max_bytes=self.answer_limit))
         self._requests.add(request)
         server.requests.add(request)
@@ -545,7 +558,7 @@ class RemoteEngine(Engine):
             except (ServerTrouble, TimeoutError, _Refused) as e:
                 if self._closing:
                     raise EngineUnavailable("the remote engine is shutting down") from None
-                problem = f"{server.url}: {_describe(e, self.cfg.request_timeout_seconds)}"
+                problem = f"{server.url}: {_describe(e, self.remote.request_timeout_seconds)}"
                 blame = await self.sick_server_or_hard_page(server, e)
             else:
                 server.answered()
@@ -557,7 +570,7 @@ class RemoteEngine(Engine):
             server.failed(problem)
             if blame == "settings":
                 raise EngineUnavailable(
-                    f"{problem} (check engine.model, engine.urls and engine.api_key)")
+                    f"{problem} (check engine.model, engine.remote.urls and engine.remote.api_key)")
             errors.append(problem)
             log.warning("remote_request_failed", url=server.url, error=problem, attempt=n + 1)
             if n + 1 < tries and not self._any_up():
@@ -598,9 +611,17 @@ class RemoteEngine(Engine):
             await self._slot_freed.wait()
 
 
+def _turned_data_url(url: str, turn: int) -> str:
+    """The page in the PNG data URL `url`, turned `turn` degrees clockwise, as another."""
+    png = base64.b64decode(url.partition(",")[2])
+    with Image.open(io.BytesIO(png)) as image:
+        turned = image.transpose(_CLOCKWISE[turn])
+    return image_data_url(turned)
+
+
 def _describe(failure: Exception, timeout: float) -> str:
     if isinstance(failure, TimeoutError):
-        return f"no answer within engine.request_timeout_seconds = {timeout:g}"
+        return f"no answer within engine.remote.request_timeout_seconds = {timeout:g}"
     if isinstance(failure, BadAnswer):
         return f"unusable answer: {failure}"
     return str(failure) or type(failure).__name__

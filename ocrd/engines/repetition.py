@@ -1,11 +1,12 @@
 """Never drop a page: retry pages whose output ran into a repetition loop, keep the best try.
 
-DeepSeek-OCR-2 sometimes loops on a phrase until `max_tokens` ("length"), or vLLM's
-repetition detector stops it ("repetition"). Both engines that talk to the model (local
-vLLM and remote `vllm serve`) run every page through `convert_with_retries`, which asks
-again with tighter anti-repetition settings (`deepseek_ocr2.attempt_settings`) and, if
-no try ends normally, returns the longest text without its looping tail, marked as
-degraded instead of failing the page.
+A model sometimes loops on a phrase until `max_tokens` ("length"), or vLLM's repetition
+detector stops it ("repetition"). The engines that talk to a model (local vLLM and
+remote `vllm serve`) run every page through `convert_with_retries`, which asks again —
+try by try, with the settings the model's recipe gives each try (DeepSeek-OCR-2: a
+tighter n-gram ban, `deepseek_ocr2.attempt_settings`) — and, if no try ends normally,
+returns the longest text without its looping tail, marked as degraded instead of
+failing the page.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ocrd.config.settings import EngineConfig
-from ocrd.engines.deepseek_ocr2 import AttemptSettings, attempt_settings
 from ocrd.outputs.page import PageOutput
 
 # Looping tails are found with periods up to this many characters (long table rows).
@@ -132,19 +131,19 @@ def _best(attempts: list[Attempt]) -> tuple[Attempt, str]:
 
 
 async def convert_with_retries(
-    run_attempt: Callable[[AttemptSettings], Awaitable[Attempt]],
-    cfg: EngineConfig,
+    run_attempt: Callable[[int], Awaitable[Attempt]],
+    retries: int,
 ) -> PageOutput:
-    """Run tries until one ends normally or `cfg.loop_retries` retries are spent.
+    """Run tries (1, 2, ...) until one ends normally or `retries` retries are spent.
 
-    `run_attempt` does one request; exceptions from it (engine unavailable or dead, a
-    bad request) pass through untouched: only loops are handled here.
+    `run_attempt(n)` does try n; exceptions from it (engine unavailable or dead, a bad
+    request) pass through untouched: only loops are handled here.
     """
     started_at = time.time()
     t0 = time.monotonic()
     attempts: list[Attempt] = []
-    for n in range(1, cfg.loop_retries + 2):
-        attempt = await run_attempt(attempt_settings(cfg.ngram, n))
+    for n in range(1, retries + 2):
+        attempt = await run_attempt(n)
         attempts.append(attempt)
         if attempt.stopped:
             break

@@ -80,17 +80,19 @@ class TesseractEngine(Engine):
     @classmethod
     def preflight(cls, cfg: EngineConfig) -> list[str]:
         """tesseract installed, with the data of every language engine.tesseract.lang
-        names (`tesseract --list-langs`)."""
+        names (`tesseract --list-langs`), besides the engine's own checks."""
+        out = super().preflight(cfg)
         binary = shutil.which("tesseract")
         if binary is None:
-            return [f"engine.kind = {cfg.kind!r}: {NOT_INSTALLED}"]
+            return [*out, f"engine.kind = {cfg.kind!r}: {NOT_INSTALLED}"]
         try:
             have = _languages(binary)
         except (OSError, subprocess.SubprocessError) as e:
-            return [f"engine.kind = {cfg.kind!r}: tesseract does not run "
+            return [*out, f"engine.kind = {cfg.kind!r}: tesseract does not run "
                     f"(`tesseract --list-langs`: {e})"]
         problem = _missing_languages(cfg.tesseract.lang, have)
-        return [f"engine.tesseract.lang = {cfg.tesseract.lang!r}: {problem}"] if problem else []
+        return [*out, f"engine.tesseract.lang = {cfg.tesseract.lang!r}: {problem}"] if problem \
+            else out
 
     async def start(self) -> None:
         if self.binary is None:

@@ -113,23 +113,25 @@ def layer_words(reading: Reading) -> list[Word]:
     without a space between them (CJK) are one word over their joint box, so that a
     PDF reader finds the phrase."""
     words: list[Word] = []
-    for line in reading.lines:
+    for k, line in enumerate(reading.lines):
         run: list[Token] = []
         for tok in line.tokens:
             if run and tok.spaced:
-                words.append(_word(run))
+                words.append(_word(run, line.block, k))
                 run = []
             run.append(tok)
         if run:
-            words.append(_word(run))
+            words.append(_word(run, line.block, k))
     return words
 
 
-def _word(run: list[Token]) -> Word:
+def _word(run: list[Token], block: int, line: int) -> Word:
     text = "".join(t.text for t in run)
     boxes = [t.box for t in run]
+    confs = [t.conf for t in run if t.conf >= 0]
     return Word(text, (min(b[0] for b in boxes), min(b[1] for b in boxes),
-                       max(b[2] for b in boxes), max(b[3] for b in boxes)))
+                       max(b[2] for b in boxes), max(b[3] for b in boxes)),
+                min(confs) if confs else None, block, line)
 
 
 def plain_text(reading: Reading) -> str:

@@ -66,7 +66,6 @@ class Intake:
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
-            _testing_stall()
             now = time.monotonic()
             self.loop_turned()
             self.inboxes.start_folder_checks(now)
@@ -285,11 +284,3 @@ class Intake:
                   hint="the state folder (journal) is full or read-only; ocrd claims no "
                   "file until it can record the claim")
 
-
-def _testing_stall() -> None:
-    """TEST ONLY (tests/systemd): while the file named by OCRD_TEST_STALL_FILE exists,
-    the event loop is blocked on purpose, as a real hang would block it, so WATCHDOG=1
-    stops and systemd kills the daemon. Never set OCRD_TEST_STALL_FILE in production."""
-    stall_file = os.environ.get("OCRD_TEST_STALL_FILE")
-    while stall_file and os.path.exists(stall_file):
-        time.sleep(0.2)

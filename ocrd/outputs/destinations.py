@@ -355,9 +355,10 @@ def _free_or_same(folder: Dir, base: str, sha256: str | None, source: str,
         return False
     src = meta.get("source", {}) if isinstance(meta, dict) else {}
     outputs = meta.get("outputs") if isinstance(meta, dict) else None
-    written = outputs.get("pdf") if isinstance(outputs, dict) else None
-    if any(folder.exists(n) and n != written for n in extra):
-        return False  # a PDF of that name that this document's results do not list
+    listed = {v for v in outputs.values() if isinstance(v, str)} \
+        if isinstance(outputs, dict) else set()
+    if any(folder.exists(n) and n not in listed for n in extra):
+        return False  # an output's file of that name that this document's results do not list
     return src.get("path") == source and (sha256 is None or src.get("sha256") == sha256)
 
 

@@ -14,6 +14,11 @@ class Word:
 
     text: str
     box: tuple[int, int, int, int]
+    conf: float | None = None  # 0-100, as the engine rates it; None: not given
+    # where it stands in the engine's reading: its block and its line (both numbered
+    # over the page), for outputs that keep the page's structure (hOCR)
+    block: int = 0
+    line: int = 0
 
 
 @dataclass

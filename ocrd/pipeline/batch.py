@@ -92,7 +92,8 @@ def _inside(path: str, folder: str) -> bool:
 def summary(outcomes: list[Outcome]) -> str:
     """'6 converted (1 with degraded pages), 4 failed: 2 encrypted, 1 damaged, 1 truncated'."""
     ok = [o for o in outcomes if o.error is None]
-    failed = Counter(o.error.reason for o in outcomes if o.error is not None)
+    failed = Counter(o.error.reason + (f" ({output})" if (output := getattr(
+        o.error, "output", None)) else "") for o in outcomes if o.error is not None)
     degraded = sum(o.degraded for o in ok)
     text = f"{len(ok)} converted"
     if degraded:
@@ -115,6 +116,8 @@ class Batch:
         self.progress = progress
         self.perms = destinations.Perms(tag=f"cli{os.getpid()}")
         self.limit = asyncio.Semaphore(cfg.schedule.max_active_documents)
+        # the outputs asked for besides the Markdown (--pdf, --hocr)
+        self.outputs = [name for name in ("pdf", "hocr") if getattr(args, name, False)]
 
     async def run(self, jobs: list[Job]) -> list[Outcome]:
         return list(await asyncio.gather(*(self.one(job) for job in jobs)))
@@ -151,8 +154,8 @@ class Batch:
             with safefs.Dir.open_root(self.args.output, create=True) as root:
                 out, _used = destinations.mirror(root, job.folders, self.perms)
                 with out:
-                    if self.args.pdf:
-                        src.pdf = _pdf_settings(self.args, job.path, out)
+                    src.outputs = tuple(self.outputs)
+                    src.output_settings = _output_settings(self.args, job.path, out)
                     written = await self.converter.convert(src, out, self.perms)
         except OcrdError as e:
             self.progress.done(job.path, _failed(e))
@@ -169,11 +172,13 @@ class Batch:
         n = meta["page_count"]
         done = f"{written.folder / written.markdown} ({n} page{'s' * (n != 1)}, " \
             f"{time.monotonic() - t0:.1f} s)"
-        pdf_failed = meta["outputs"].get("pdf_failed")
-        if self.args.pdf and pdf_failed:  # asked for, and missing: a failure of the file
-            err = errors.PdfFailed(f"{pdf_failed}; the Markdown was written: {done}")
-            self.progress.done(job.path, _failed(err))
-            return Outcome(job, err)
+        for name in self.outputs:  # asked for, and missing: a failure of the file
+            why = meta["outputs"].get(f"{name}_failed")
+            if why:
+                err = errors.OutputFailed(f"{why}; the Markdown was written: {done}",
+                                          output=name)
+                self.progress.done(job.path, _failed(err))
+                return Outcome(job, err)
         self.progress.done(job.path, f"ok → {done}")
         return Outcome(job, degraded=bool(meta["degraded_pages"]))
 
@@ -194,15 +199,11 @@ def _open(job: Job) -> int:
         raise errors.Unreadable(f"cannot open the file: {e.strerror}") from None
 
 
-def _pdf_settings(args: argparse.Namespace, path: Path, out: Any) -> Any:
-    """--pdf: NAME.pdf, or NAME.ocr.pdf for a PDF converted into the folder it is in."""
-    from ocrd.outputs.searchable_pdf import (
-        BESIDE_ORIGINAL_SUFFIX,
-        DEFAULT_SUFFIX,
-        PdfSettings,
-        same_folder,
-    )
+def _output_settings(args: argparse.Namespace, path: Path, out: Any) -> Any:
+    """The outputs' settings for one file: --pdf-text-layer; NAME.pdf, or NAME.ocr.pdf
+    for a PDF converted into the folder it is in."""
+    from ocrd.outputs.searchable_pdf import BESIDE_ORIGINAL_SUFFIX, DEFAULT_SUFFIX, same_folder
+    from ocrd.outputs.writers import Settings
 
     beside = path.suffix.lower() == ".pdf" and same_folder(out, str(path))
-    return PdfSettings(args.pdf_text_layer,
-                       BESIDE_ORIGINAL_SUFFIX if beside else DEFAULT_SUFFIX)
+    return Settings(args.pdf_text_layer, BESIDE_ORIGINAL_SUFFIX if beside else DEFAULT_SUFFIX)

@@ -25,8 +25,9 @@ import structlog
 from ocrd import __version__, names, safefs
 from ocrd.config.settings import Config
 from ocrd.engines.base import Engine
-from ocrd.outputs import destinations, records, searchable_pdf
+from ocrd.outputs import destinations, records
 from ocrd.outputs.assets import Staging
+from ocrd.outputs.writers import Document, Settings, Writer, writers_for
 from ocrd.pipeline import budget
 from ocrd.pipeline.pages import DocumentPages, EngineGate, EngineTraffic
 from ocrd.pipeline.schedule import FairSlots
@@ -70,15 +71,25 @@ def sha256_fd(fd: int) -> str:
     return h.hexdigest()
 
 
+def pages_in_flight(cfg: Config, engine: Engine) -> int:
+    """The page slots: schedule.pages_in_flight, else what the engine usefully takes."""
+    return cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
+
+
 class Converter:
+    """Documents into Markdown (and the outputs asked for) through one engine; the daemon
+    (service/wiring.py) and `ocrd convert` (cli.py) build it alike."""
+
     def __init__(self, cfg: Config, engine: Engine, pool: RenderPool,
-                 slots: FairSlots, reservations: destinations.Reservations | None = None,
+                 slots: FairSlots | None = None,
+                 reservations: destinations.Reservations | None = None,
                  metrics: Any = None, liveness: EngineTraffic | None = None) -> None:
+        """`slots`: the page slots (default: pages_in_flight of them)."""
         self.cfg = cfg
         self.liveness = liveness
         self.engine = engine
         self.pool = pool
-        self.slots = slots
+        self.slots = slots if slots is not None else FairSlots(pages_in_flight(cfg, engine))
         self.reservations = reservations or destinations.Reservations()
         self.metrics = metrics
         self.gate = EngineGate(engine)
@@ -142,26 +153,26 @@ class Converter:
             self.pending -= 1
             self.progressed()
         stem = src.stem or destinations.split_ext(PurePosixPath(src.name).name)[0]
+        outputs = writers_for(src.outputs, src.output_settings or Settings(), info.pages,
+                              self.engine.output_format)
         base = self.reservations.choose(out_dir, stem, src.sha256, src.name,
                                         src.same_path_replaces,
-                                        (src.pdf.suffix,) if src.pdf else ())
+                                        tuple(w.suffix for w in outputs))
         staging = Staging(out_dir, base, perms)
-        pdf = searchable_pdf.SearchablePdf(src.pdf, info.pages, self.engine.output_format ==
-                                   "grounding") if src.pdf else None
         try:
             self.documents[id(src)] = DocProgress(src, info.pages, time.time())
             results = await DocumentPages(self, workers, src, info, staging, staging.final,
-                                          blog, pdf).run()
-            if pdf is not None:  # before the sidecar, which lists it, and the Markdown
-                await searchable_pdf.finish(pdf, workers, src.path, info.kind, out_dir, base,
-                                    perms, self.metrics, blog)
-            meta = self._sidecar(src, info, results, base, staging, t0, pdf)
+                                          blog, outputs).run()
+            doc = Document(src.path, info.kind, src.name, info.pages)
+            for writer in outputs:  # before the sidecar, which lists them, and the Markdown
+                await writer.write(doc, out_dir, base, perms, workers, self.metrics, blog)
+            meta = self._sidecar(src, info, results, base, staging, t0, outputs)
             text = assemble(results)
             await asyncio.to_thread(self._write, out_dir, base, text, meta, staging, perms)
         except BaseException:
             await asyncio.to_thread(staging.discard)
-            if pdf is not None:
-                await asyncio.to_thread(pdf.discard, out_dir)
+            for writer in outputs:
+                await asyncio.to_thread(writer.discard, out_dir)
             raise
         finally:
             self.reservations.release(out_dir, base)
@@ -175,11 +186,11 @@ class Converter:
 
     def _sidecar(self, src: Source, info: pages.DocInfo, results: list[dict], base: str,
                  staging: Staging, t0: Clock,
-                 pdf: searchable_pdf.SearchablePdf | None = None) -> dict:
+                 outputs: list[Writer]) -> dict:
         page_meta = [records.page(r) for r in results]
-        if pdf is not None:
+        for writer in outputs:
             for i, page in enumerate(page_meta):
-                page["text_layer"] = pdf.page_meta(i)
+                page.update(writer.page_meta(i))
         degraded = [r["page"] for r in results if r["status"] == "degraded"]
         return {
             "schema_version": records.SIDECAR_SCHEMA_VERSION,
@@ -195,7 +206,7 @@ class Converter:
             "outputs": {
                 "markdown": base + ".md",
                 "assets": staging.final if staging.used else None,
-                **(pdf.outputs() if pdf is not None else {}),
+                **{k: v for writer in outputs for k, v in writer.outputs().items()},
             },
             "timings": {
                 "claimed_at": records.iso(src.claimed_at),

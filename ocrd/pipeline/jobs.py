@@ -20,7 +20,6 @@ from ocrd import errors, safefs
 from ocrd.config.roots import RootChanged
 from ocrd.config.settings import Config
 from ocrd.outputs import destinations
-from ocrd.outputs.searchable_pdf import PdfSettings
 from ocrd.pipeline.document import Converter
 from ocrd.pipeline.source import Source
 from ocrd.work.item import Item
@@ -109,9 +108,8 @@ class Jobs:
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
                      claimed_at=item.claimed_at or 0.0, job_id=item.job_id,
+                     outputs=tuple(inbox.cfg.outputs), output_settings=inbox.cfg,
                      turns_for=self._turns)
-        if "pdf" in inbox.cfg.outputs:
-            src.pdf = PdfSettings(inbox.cfg.pdf_text_layer, inbox.cfg.pdf_suffix)
         if plain:
             src.stem = destinations.split_ext(plain_name(item.name))[0]
         src.order = item.order

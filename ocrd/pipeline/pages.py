@@ -31,9 +31,9 @@ from ocrd.render import pages, pixels
 
 if TYPE_CHECKING:
     from ocrd.config.settings import Config
-    from ocrd.outputs import searchable_pdf
     from ocrd.outputs.assets import Staging
     from ocrd.outputs.markdown import PageMarkdown
+    from ocrd.outputs.writers import Writer
     from ocrd.pipeline.schedule import FairSlots
     from ocrd.pipeline.source import DocProgress, Source
     from ocrd.render.pool import DocumentWorkers
@@ -110,10 +110,10 @@ class Shared(Protocol):
 class DocumentPages:
     def __init__(self, conv: Shared, workers: DocumentWorkers, src: Source,
                  info: pages.DocInfo, staging: Staging, assets_link: str, blog: Any,
-                 pdf: searchable_pdf.SearchablePdf | None) -> None:
+                 outputs: list[Writer]) -> None:
         self.conv, self.workers = conv, workers
         self.src, self.info, self.staging = src, info, staging
-        self.assets_link, self.blog, self.pdf = assets_link, blog, pdf
+        self.assets_link, self.blog, self.outputs = assets_link, blog, outputs
         self.results: list[dict] = [{} for _ in range(info.pages)]
         self.lost: dict[int, errors.OcrdError] = {}  # pages that could not be rendered
         self.unfinished = info.pages  # pages without their engine output yet
@@ -204,8 +204,8 @@ class DocumentPages:
                                                  size, render_s)
             if turn is not None:
                 self.results[i]["turned_by"] = "hand"
-            if self.pdf is not None:  # its text layer, from the engine's geometry
-                self.pdf.page(i, out, size.width, size.height)
+            for writer in self.outputs:  # e.g. the PDF's text layer, from the geometry
+                writer.page(i, out, size)
             self.blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
                             tokens=out.tokens, finish=out.finish_reason)
         finally:

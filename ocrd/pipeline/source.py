@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ocrd import safefs
 from ocrd.live import ConvertingFile
 from ocrd.names import shown
-from ocrd.outputs import searchable_pdf
+from ocrd.outputs.writers import OutputSettings
 from ocrd.render import pages
 
 
@@ -31,7 +31,10 @@ class Source:
     # a new version of this source path replaces the results of the old one (keep mode)
     same_path_replaces: bool = False
     stem: str | None = None  # the outputs' name, when not the source's own (plain names)
-    pdf: searchable_pdf.PdfSettings | None = None  # write the searchable PDF too (outputs: pdf)
+    # the outputs besides the Markdown (their writers: outputs/writers.py) and what they
+    # read of their settings (the inbox's, or `ocrd convert`'s)
+    outputs: tuple[str, ...] = ()
+    output_settings: OutputSettings | None = None
     job_id: int | None = None  # its journal row (the console links to it)
     # {page: degrees clockwise} a person chose (the console's "turn this page"): those
     # pages are read turned so, without the engine's own orientation detection; asked

@@ -554,6 +554,7 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
             if index:
                 im.seek(index)
             im.load()
+            dpi = stated_dpi(im)
             img = to_rgb(ImageOps.exif_transpose(im) or im)
     except errors.OcrdError:
         raise
@@ -564,7 +565,17 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
             raise
         raise errors.Truncated(f"page {index + 1} of the image cannot be decoded "
                                f"({_said(e)})") from None
-    return _pack(img, index, 0.0, grey)
+    return _pack(img, index, dpi, grey)
+
+
+def stated_dpi(im: Image.Image) -> float:
+    """The resolution an image file states (a scanner writes it), 0.0 when it states
+    none or one no scan has (a photo's 72 or 1 says nothing of its text)."""
+    try:
+        x = float((im.info.get("dpi") or (0, 0))[0])
+    except (TypeError, ValueError, IndexError):
+        return 0.0
+    return round(x, 2) if 100 <= x <= 2400 else 0.0
 
 
 def to_rgb(im: Image.Image) -> Image.Image:

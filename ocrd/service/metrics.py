@@ -35,7 +35,7 @@ from prometheus_client import (
 
 from ocrd import __version__
 from ocrd.config import listen
-from ocrd.config.settings import ConfigError
+from ocrd.config.settings import WRITERS, ConfigError
 
 log = structlog.get_logger("ocrd.service.metrics")
 
@@ -75,8 +75,11 @@ class Metrics:
                                   "Time of the last converted file", registry=r)
         self.rescans = Counter("ocrd_rescans", "Full scans of inboxes", registry=r)
         self.claims = Counter("ocrd_claims", "Files claimed from inboxes", registry=r)
-        self.pdf_failures = Counter("ocrd_pdf_failures", "Searchable PDFs that could not "
-                                    "be written (the Markdown was)", registry=r)
+        self.output_failures = Counter("ocrd_output_failures", "Outputs besides the Markdown "
+                                       "(the searchable PDF, hOCR) that could not be "
+                                       "written; the Markdown was", ["output"], registry=r)
+        for name in WRITERS:  # each built-in output's series, at 0 from the start
+            self.output_failures.labels(name)
         self.build = Info("ocrd_build", "Version and engine", registry=r)
         self.build.info({"version": __version__})
         self.inbox_paused = Gauge("ocrd_inbox_paused", "1 for an inbox that takes no files "

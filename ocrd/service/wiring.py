@@ -47,12 +47,12 @@ class Parts:
               roots: Roots, engine_dead: Callable[[errors.EngineDead], None]) -> Parts:
         """The parts, wired; `metrics`, `liveness`, `roots` and `engine_dead` are the
         daemon's (service/daemon.py), which owns their life."""
-        in_flight = cfg.schedule.pages_in_flight or max(2, engine.max_concurrency)
-        slots = FairSlots(in_flight)
         # output names reserved on the share too, under this daemon's tag (outputs/destinations.py)
         reservations = destinations.Reservations(state_folder.instance[:8])
-        converter = Converter(cfg, engine, pools[0], slots, reservations, metrics,
-                              liveness=liveness)
+        converter = Converter(cfg, engine, pools[0], reservations=reservations,
+                              metrics=metrics, liveness=liveness)
+        slots = converter.slots
+        in_flight = slots.n
         parts: Parts
 
         def submit(item: Item) -> None:  # late-bound: the scheduler needs the jobs first

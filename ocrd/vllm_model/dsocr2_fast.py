@@ -62,6 +62,7 @@ from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
 from ocrd.vllm_model import dsocr2_pixels, relpos_attention
 from ocrd.vllm_model.dsocr2_pixels import normalise
 from ocrd.vllm_model.plugin import AUTO, BATCHED, ENV, LOADED_MARK
+from ocrd.vllm_model.switches import BUCKETS_ENV, CHUNKS_ENV, FUSED_SAM_ENV, GRAPHS_ENV
 
 # under "vllm.": vLLM's logging setup (handlers, level) covers it in every process
 logger = init_logger("vllm.ocrd.dsocr2_fast")
@@ -71,19 +72,9 @@ logger = init_logger("vllm.ocrd.dsocr2_fast")
 # for a 768 px tile (2304 tokens), in bf16. These chunks keep one call under ~3.5 GB,
 # inside the memory vLLM leaves outside its KV cache (1 - gpu_memory_utilization).
 # In mode "batched" every call is padded to this many views or to one of its halves
-# (`call_sizes`). OCRD_VLLM_ENCODER_CHUNKS="GxT" overrides them per model (`ocrd_chunks`).
+# (`call_sizes`). The benchmark switch CHUNKS_ENV overrides them (switches.py).
 GLOBAL_VIEWS_PER_CALL = 8
 TILES_PER_CALL = 24
-CHUNKS_ENV = "OCRD_VLLM_ENCODER_CHUNKS"
-# padded calls in several sizes (the default) or, with "0", always the full size: a
-# page's embeddings then never depend on the step's other pages (batch invariance)
-BUCKETS_ENV = "OCRD_VLLM_ENCODER_BUCKETS"
-# SAM's attention with the relative-position bias fused (ocrd/vllm_model/relpos_attention.py):
-# unset = where vLLM runs on CUDA/ROCm and Triton is there; "0" never; "1" wherever Triton
-# runs (the tests use Triton's CPU interpreter)
-FUSED_SAM_ENV = "OCRD_VLLM_FUSED_SAM"
-# padded encoder calls replay CUDA graphs (EncoderGraphs) on a GPU; "0" turns them off
-GRAPHS_ENV = "OCRD_VLLM_ENCODER_GRAPHS"
 
 
 def chunks_from_env() -> tuple[int, int]:

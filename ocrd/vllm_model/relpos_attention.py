@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ocrd.vllm_model.switches import SAM_LEAN_ENV
+
 try:
     import triton
     import triton.language as tl
@@ -49,8 +51,8 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # (query block, key block, warps, pipeline stages). On an H200 128×64 with 8 warps and
 # 3 stages was slower.
 BLOCKS = (64, 64, 4, 2)
-# lean_forward (no copies around the kernel) unless OCRD_VLLM_SAM_LEAN=0
-LEAN = os.environ.get("OCRD_VLLM_SAM_LEAN", "1") != "0"
+# lean_forward (no copies around the kernel) unless the benchmark switch says 0
+LEAN = os.environ.get(SAM_LEAN_ENV, "1") != "0"
 
 
 def available() -> bool:

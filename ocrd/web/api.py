@@ -14,6 +14,7 @@ from ocrd.web.auth import Guard
 from ocrd.web.context import Context
 from ocrd.web.pages import banners
 from ocrd.web.queries import LIST_STATES, search_results, waiting_list
+from ocrd.web.store import listed_outputs
 from ocrd.web.views import job_facts
 from ocrd.work.journal import FILTER_STATES, FileFilter
 
@@ -110,7 +111,9 @@ def file(request: Request) -> Response:
         "file": job_facts(job), "sidecar": ctx.store.sidecar(job),
         "links": {"review": base, "markdown": f"{base}/download/md",
                   "sidecar": f"{base}/download/json", "original": f"{base}/download/original",
-                  "original_inline": f"{base}/open/original", "pdf": f"{base}/open/pdf"},
+                  "original_inline": f"{base}/open/original", "pdf": f"{base}/open/pdf",
+                  "outputs": {name: f"{base}/download/{name}"
+                              for name in listed_outputs(ctx.store.sidecar(job))}},
     })
 
 

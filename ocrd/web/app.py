@@ -27,6 +27,7 @@ from ocrd.web.context import Context
 from ocrd.web.pages import int_param, render
 from ocrd.web.queries import LIST_STATES, search_results, waiting_list
 from ocrd.web.search import COUNT_AT_MOST, Query
+from ocrd.web.store import listed_outputs
 from ocrd.web.views import job_facts, review_pages, state_of
 from ocrd.work.journal import FILTER_STATES, FileFilter, Job
 
@@ -143,6 +144,10 @@ def search(request: Request) -> Response:
                   hidden={"q": text})
 
 
+# how the review page names an output the sidecar lists (others: by their name)
+OUTPUT_LABELS = {"pdf": "searchable PDF", "hocr": "hOCR (.hocr)"}
+
+
 def review(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
     job = ctx.store.job(request.path_params["id"])
@@ -154,7 +159,9 @@ def review(request: Request) -> Response:
     terms = Query.parse(text).terms if text else ()
     pages = review_pages(markdown, meta, job.id, terms) if markdown is not None else []
     has_original = serve.closed(ctx.store.original(job, meta))
-    has_pdf = serve.closed(ctx.store.searchable_pdf(job, meta))
+    # what the sidecar lists beside the Markdown, where it still is in the outbox
+    outputs = [name for name in listed_outputs(meta)
+               if serve.closed(ctx.store.output(job, meta, name))]
     previews = ctx.store.previews is not None and meta is not None
     live = ctx.live()
     progress = next((f for f in (live.converting_files if live else ())
@@ -162,7 +169,8 @@ def review(request: Request) -> Response:
     box = ctx.store.inbox(job)
     return render(request, "review.html", job=job_facts(job), meta=meta or {},
                   pages=pages, state=state_of(job), has_original=has_original,
-                  has_pdf=has_pdf, previews=previews and has_original,
+                  outputs=[(name, OUTPUT_LABELS.get(name, name)) for name in outputs],
+                  previews=previews and has_original,
                   cached=serve.cached_pages(ctx, meta) if previews and not has_original
                   else set(), q=text, live=live, progress=progress,
                   on_success=box.on_success if box else None)

@@ -63,14 +63,14 @@ def download(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
     job = ctx.store.job(request.path_params["id"])
     kind = request.path_params["kind"]
-    if job is None or kind not in ("md", "json", "original", "pdf"):
+    if job is None:
         return PlainTextResponse("not found\n", status_code=404)
     if kind == "original":
         opened = ctx.store.original(job, ctx.store.sidecar(job))
         ctype = "application/octet-stream"
-    elif kind == "pdf":
-        opened = ctx.store.searchable_pdf(job, ctx.store.sidecar(job))
-        ctype = "application/pdf"
+    elif kind not in ("md", "json"):  # an output the sidecar lists (pdf, hocr ...)
+        opened = ctx.store.output(job, ctx.store.sidecar(job), kind)
+        ctype = "application/pdf" if kind == "pdf" else "application/octet-stream"
     else:
         opened = ctx.store.open_output(job, "." + kind)
         ctype = _TYPES["." + kind]
@@ -85,11 +85,11 @@ def inline(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
     job = ctx.store.job(request.path_params["id"])
     kind = request.path_params["kind"]
-    if job is None or kind not in ("original", "pdf"):
+    if job is None:
         return PlainTextResponse("not found\n", status_code=404)
     meta = ctx.store.sidecar(job)
     opened = ctx.store.original(job, meta) if kind == "original" else \
-        ctx.store.searchable_pdf(job, meta)
+        ctx.store.output(job, meta, kind)
     if opened is None:
         return PlainTextResponse("not found\n", status_code=404)
     ctype = sniff(opened)

@@ -185,11 +185,14 @@ class Store:
         return open_inside(box.outbox, base.with_name(base.name + ".assets") / name,
                            self.roots)
 
-    def searchable_pdf(self, job: Job, meta: dict | None) -> Opened | None:
-        """The searchable PDF the sidecar lists (outputs: pdf), in the outbox."""
+    def output(self, job: Job, meta: dict | None, kind: str) -> Opened | None:
+        """An output the sidecar lists beside the Markdown (outputs.pdf, outputs.hocr,
+        a writer's of one's own), in the outbox."""
         found = self._base(job)
-        name = ((meta or {}).get("outputs") or {}).get("pdf")
-        if found is None or not isinstance(name, str) or "/" in name or name in ("", ".."):
+        if found is None or kind not in listed_outputs(meta):
+            return None
+        name = meta["outputs"][kind]  # type: ignore[index]
+        if "/" in name or name in ("", ".", ".."):
             return None
         box, base = found
         return open_inside(box.outbox, base.with_name(name), self.roots)
@@ -253,3 +256,14 @@ def page_rotation(meta: dict | None, page: int) -> int | None:
             rotation = p.get("rotation")
             return rotation if isinstance(rotation, int) and rotation % 360 else None
     return None
+
+
+def listed_outputs(meta: dict | None) -> list[str]:
+    """The outputs a sidecar lists as written besides the Markdown and its figures (the
+    writers' names: pdf, hocr, ...), in its order."""
+    outputs = (meta or {}).get("outputs")
+    if not isinstance(outputs, dict):
+        return []
+    return [k for k, v in outputs.items() if isinstance(k, str) and isinstance(v, str)
+            and k not in ("markdown", "assets") and not k.endswith("_failed")
+            and k.replace("_", "").isalnum()]

@@ -116,14 +116,15 @@ def test_api_key_file_and_credential(tmp_path: Path, monkeypatch: pytest.MonkeyP
     from ocrd.config import secrets
 
     (tmp_path / "key").write_text("s3cret-from-file\n")
-    cfg = parse_config({"state_dir": "s", "engine": {"kind": "remote", "urls": ["http://x/v1"],
-                                                    "api_key_file": "key"}}, tmp_path)
-    assert cfg.engine.api_key_file == tmp_path / "key"  # relative to the config's folder
-    assert secrets.api_key(cfg.engine) == "s3cret-from-file"
+    cfg = parse_config({"state_dir": "s", "engine": {"kind": "remote", "remote": {
+        "urls": ["http://x/v1"], "api_key_file": "key"}}}, tmp_path)
+    assert cfg.engine.remote.api_key_file == tmp_path / "key"  # relative to the config's folder
+    assert secrets.api_key(cfg.engine.remote) == "s3cret-from-file"
 
-    engine = EngineConfig(kind="remote", urls=["http://x/v1"], api_key_credential="api-key")
+    engine = EngineConfig(kind="remote", remote={"urls": ["http://x/v1"],
+                                                 "api_key_credential": "api-key"}).remote
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
-    with pytest.raises(ConfigError, match=r"engine.api_key_credential = 'api-key': "
+    with pytest.raises(ConfigError, match=r"engine.remote.api_key_credential = 'api-key': "
                        r"\$CREDENTIALS_DIRECTORY is not set; systemd sets it for a unit "
                        r"with LoadCredential=api-key:/path/to/the/key"):
         secrets.api_key(engine)
@@ -139,20 +140,21 @@ def test_api_key_file_and_credential(tmp_path: Path, monkeypatch: pytest.MonkeyP
         secrets.api_key(engine)
 
     with pytest.raises(ConfigError, match="api_key and api_key_file are both set"):
-        parse_config({"state_dir": "s", "engine": {"api_key": "a", "api_key_file": "k"}},
+        parse_config({"state_dir": "s", "engine": {"remote": {"api_key": "a",
+                                                              "api_key_file": "k"}}},
                      tmp_path)
     with pytest.raises(ConfigError, match="api_key_credential"):
-        parse_config({"state_dir": "s", "engine": {"api_key_credential": "../etc/x"}},
-                     tmp_path)
+        parse_config({"state_dir": "s", "engine": {"remote": {
+            "api_key_credential": "../etc/x"}}}, tmp_path)
 
 
 def test_check_config_reports_an_unreadable_key_file(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_config(tmp_path, engine={"kind": "remote", "urls": ["http://127.0.0.1:9/v1"],
-                                          "api_key_file": str(tmp_path / "nokey")})
+    path = write_config(tmp_path, engine={"kind": "remote", "remote": {
+        "urls": ["http://127.0.0.1:9/v1"], "api_key_file": str(tmp_path / "nokey")}})
     assert cli.main(["check-config", "-c", str(path)]) == 2
-    assert f"engine.api_key_file = '{tmp_path / 'nokey'}': '{tmp_path / 'nokey'}' does " \
-        "not exist" in capsys.readouterr().err
+    assert f"engine.remote.api_key_file = '{tmp_path / 'nokey'}': '{tmp_path / 'nokey'}' " \
+        "does not exist" in capsys.readouterr().err
 
 
 class _OpenAIServer(BaseHTTPRequestHandler):
@@ -196,10 +198,9 @@ def test_convert_sends_the_systemd_credential_as_the_api_key(tmp_path: Path) -> 
         (creds / "api-key").write_text("s3cret-from-systemd\n")
         cfg = tmp_path / "c.yaml"
         cfg.write_text(yaml.safe_dump({"state_dir": str(tmp_path), "metrics": {"listen": None},
-                                       "engine": {"kind": "remote", "model": "m",
-                                                  "urls": [f"http://127.0.0.1:"
-                                                           f"{server.server_port}/v1"],
-                                                  "api_key_credential": "api-key"}}))
+                                       "engine": {"kind": "remote", "model": "m", "remote": {
+                                           "urls": [f"http://127.0.0.1:{server.server_port}/v1"],
+                                           "api_key_credential": "api-key"}}}))
         pdf = make_pdf(tmp_path / "a.pdf", [sentence_lines(1, 2)])
         r = subprocess.run([sys.executable, "-m", "ocrd", "convert", str(pdf), "-o",
                             str(tmp_path / "out"), "-c", str(cfg), "--quiet"],

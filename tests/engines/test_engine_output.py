@@ -13,14 +13,12 @@ import weakref
 from typing import Any
 
 from PIL import Image
+from simulated_engines import SIMULATED, FaultOptions, FaultyEngine, SimulatedEngine
 
-from ocrd.config import engine as engine_config
 from ocrd.config.engine import EngineConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import PageRequest
-from ocrd.engines.faults import FaultyEngine
 from ocrd.engines.remote import RemoteEngine
-from ocrd.engines.simulated import SimulatedEngine
 
 FIGURE = ("<|ref|>title<|/ref|><|det|>[[10, 10, 900, 80]]<|/det|>\n# Report\n\n"
           "<|ref|>image<|/ref|><|det|>[[100, 200, 600, 700]]<|/det|>")
@@ -31,7 +29,7 @@ def page(color: str = "white") -> Image.Image:
 
 
 def test_a_deepseek_engine_crops_figures_and_follows_the_prompt() -> None:
-    engine = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    engine = RemoteEngine(EngineConfig(kind="remote", remote={"urls": ["http://127.0.0.1:9/v1"]}))
     assert engine.keeps_page_image and engine.follows_prompt
     out = engine.page_markdown(FIGURE, page(), 3, "report.assets")
     assert "# Report" in out.markdown and "<|ref|>" not in out.markdown
@@ -41,7 +39,7 @@ def test_a_deepseek_engine_crops_figures_and_follows_the_prompt() -> None:
 
 
 def test_a_plain_text_engine_keeps_the_text_and_needs_no_image() -> None:
-    engine = SimulatedEngine(EngineConfig(kind="simulated"))
+    engine = SimulatedEngine(EngineConfig(kind=SIMULATED))
     assert not engine.keeps_page_image and not engine.follows_prompt
     out = engine.page_markdown("Line one\nLine two", None, 1, "x.assets")
     assert out.markdown.splitlines()[:2] == ["Line one", "Line two"]
@@ -49,8 +47,8 @@ def test_a_plain_text_engine_keeps_the_text_and_needs_no_image() -> None:
 
 
 def test_the_faults_wrapper_keeps_the_inner_engines_format() -> None:
-    inner = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
-    wrapped = FaultyEngine(inner, engine_config.TestingFaultsConfig())
+    inner = RemoteEngine(EngineConfig(kind="remote", remote={"urls": ["http://127.0.0.1:9/v1"]}))
+    wrapped = FaultyEngine(inner, FaultOptions())
     assert wrapped.keeps_page_image and wrapped.follows_prompt
     assert wrapped.page_markdown(FIGURE, page(), 1, "a").figures
 
@@ -72,7 +70,7 @@ def test_the_page_image_is_made_only_for_a_page_with_figures() -> None:
     """The pipeline keeps a grounding engine's page packed and hands page_markdown a
     function that makes the image: called once for a page with figures, never for one
     without (most pages)."""
-    engine = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    engine = RemoteEngine(EngineConfig(kind="remote", remote={"urls": ["http://127.0.0.1:9/v1"]}))
     calls: list[int] = []
 
     def make() -> Image.Image:
@@ -91,7 +89,7 @@ def test_the_page_image_is_made_only_for_a_page_with_figures() -> None:
 def test_the_remote_engine_lets_go_of_the_image_once_it_is_encoded() -> None:
     """The page's pixels are in the request's data URL: the engine must not keep the
     Pillow image while the server reads the page (hundreds of pages in flight)."""
-    engine = RemoteEngine(EngineConfig(kind="remote", urls=["http://127.0.0.1:9/v1"]))
+    engine = RemoteEngine(EngineConfig(kind="remote", remote={"urls": ["http://127.0.0.1:9/v1"]}))
     seen: list[Any] = []
 
     async def attempt(req: PageRequest, url: str, settings: Any) -> Any:

@@ -15,9 +15,8 @@ import structlog
 import yaml
 
 from ocrd.config.settings import ConfigError, EngineConfig
-from ocrd.engines import with_profile
 from ocrd.engines.vllm import profile as gpu_profile
-from ocrd.engines.vllm.profile import Gpu, choose
+from ocrd.engines.vllm.profile import Gpu, choose, with_profile
 
 H200 = Gpu(0, "NVIDIA H200", 143_771, (9, 0), "GPU-aaaa")
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 81_559, (9, 0), "GPU-bbbb")

@@ -77,36 +77,26 @@ def test_engine_kind_vllm_without_vllm_fails_check_config(
     assert rc == 0, err
 
 
-def test_a_local_model_folder_that_is_none_is_named(tmp_path: Path) -> None:
-    from ocrd.engines.vllm import installed
-
-    problems = installed.problems(EngineConfig(kind="vllm", model=str(tmp_path / "nope")))
-    assert any(p.startswith(f"engine.model = {str(tmp_path / 'nope')!r}: not a model folder")
-               for p in problems), problems
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
-    assert not any("engine.model" in p for p in installed.problems(
-        EngineConfig(kind="vllm", model=str(tmp_path / "m"))))
-
-
 def test_remote_urls_that_do_not_parse_fail_check_config(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     urls = ["http://gpu1:8000/v1", "http://gpu2:80000/v1", "https:///v1",
             "http://gpu3:8000/v1?x=1"]
-    rc, err = check(tmp_path, capsys, {"kind": "remote", "urls": urls})
+    rc, err = check(tmp_path, capsys, {"kind": "remote", "remote": {"urls": urls}})
     assert rc == 2
-    problems = [x for x in err if x.startswith("ocrd: engine.urls[")]
+    problems = [x for x in err if x.startswith("ocrd: engine.remote.urls[")]
     assert [p.split(" = ")[0] for p in problems] == \
-        ["ocrd: engine.urls[1]", "ocrd: engine.urls[2]", "ocrd: engine.urls[3]"], err
+        ["ocrd: engine.remote.urls[1]", "ocrd: engine.remote.urls[2]",
+         "ocrd: engine.remote.urls[3]"], err
     assert "port" in problems[0].lower() and "host" in problems[1], problems
-    assert RemoteEngine.preflight(EngineConfig(kind="remote", urls=urls[:1])) == []
+    assert RemoteEngine.preflight(EngineConfig(kind="remote",
+                                               remote={"urls": urls[:1]})) == []
 
 
 def test_preflight_asks_the_engine_the_config_chooses() -> None:
     missing = missing_language()
     assert preflight(EngineConfig(kind="tesseract", tesseract={"lang": missing}))
-    assert preflight(EngineConfig(kind="remote", urls=["http://h:99999/v1"]))
-    assert preflight(EngineConfig(kind="simulated")) == []
+    assert preflight(EngineConfig(kind="remote", remote={"urls": ["http://h:99999/v1"]}))
+    assert preflight(EngineConfig(kind="tesseract")) == []
 
 
 @pytest.mark.e2e

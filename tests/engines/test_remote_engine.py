@@ -22,7 +22,8 @@ from ocrd.config.settings import ConfigError
 from ocrd.engines import deepseek_ocr2, remote
 from ocrd.engines import repetition as _loops
 from ocrd.engines.base import PageRequest
-from ocrd.engines.remote import RemoteEngine, RemoteRequestError, chat_text
+from ocrd.engines.deepseek_ocr2 import chat_text
+from ocrd.engines.remote import RemoteEngine, RemoteRequestError
 from ocrd.errors import EngineUnavailable
 
 
@@ -666,6 +667,6 @@ def test_looking_for_loops_is_done_off_the_event_loop(monkeypatch: pytest.Monkey
     async def attempt(settings: Any) -> _loops.Attempt:
         return _loops.Attempt("Intro\n" + "." * 50_000, "length")
 
-    out = asyncio.run(_loops.convert_with_retries(attempt, config("http://x/v1")))
+    out = asyncio.run(_loops.convert_with_retries(attempt, 1))
     assert out.text == "Intro\n." and out.attempts == 2
     assert threads and all(t is not threading.main_thread() for t in threads)

@@ -217,8 +217,8 @@ def test_client_certificate_from_the_config_is_shown(
 def test_check_config_loads_the_tls_files(
         tmp_path: Path, certs: Certs, capsys: pytest.CaptureFixture[str]) -> None:
     def check(**tls: str) -> tuple[int, str]:
-        path = write_config(tmp_path, engine={"kind": "remote", "urls": [
-            "https://127.0.0.1:9/v1"], **tls})
+        path = write_config(tmp_path, engine={"kind": "remote", "remote": {
+            "urls": ["https://127.0.0.1:9/v1"], **tls}})
         code = cli.main(["check-config", "-c", str(path)])
         return code, capsys.readouterr().err
 
@@ -226,7 +226,7 @@ def test_check_config_loads_the_tls_files(
     assert check(tls_ca_file="ca.pem")[0] == 0
     code, err = check(tls_ca_file="missing.pem")
     assert code == 2
-    assert f"engine.tls_ca_file = '{tmp_path / 'missing.pem'}': cannot be read" in err
+    assert f"engine.remote.tls_ca_file = '{tmp_path / 'missing.pem'}': cannot be read" in err
     (tmp_path / "junk.pem").write_text("not a certificate\n")
     assert "no CA certificate (PEM) in it" in check(tls_ca_file="junk.pem")[1]
     cert, _ = certs.client
@@ -234,7 +234,8 @@ def test_check_config_loads_the_tls_files(
     assert code == 2 and "not a PEM certificate and its matching private key" in err
     assert check(tls_cert_file=str(cert), tls_key_file=str(certs.client[1]))[0] == 0
     with pytest.raises(ConfigError, match="tls_key_file is set without tls_cert_file"):
-        parse_config({"state_dir": "s", "engine": {"tls_key_file": "k.pem"}}, tmp_path)
+        parse_config({"state_dir": "s", "engine": {"remote": {"tls_key_file": "k.pem"}}},
+                     tmp_path)
 
 
 # ---- proxies --------------------------------------------------------------------------

@@ -8,20 +8,20 @@ import asyncio
 
 import pytest
 from PIL import Image, ImageDraw
+from simulated_engines import SIMULATED, SimulatedEngine, decode_steps
 
 from ocrd import errors
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import create_engine
 from ocrd.engines.base import PageRequest
-from ocrd.engines.simulated import SimulatedEngine, decode_steps
 from ocrd.outputs.page import PageOutput
 
 
 def engine_cfg(**simulated: object) -> EngineConfig:
     base = {"step_seconds": 0.002, "step_per_page_seconds": 0.0,
             "prefill_seconds_per_megapixel": 0.0, "decode_steps": 10, "decode_jitter": 0.0}
-    return EngineConfig.model_validate({"kind": "simulated",
-                                        "simulated": {**base, **simulated}})
+    return EngineConfig.model_validate({"kind": SIMULATED,
+                                        "options": {**base, **simulated}})
 
 
 def page(n: int, doc: str = "doc-a") -> PageRequest:

@@ -304,7 +304,7 @@ def convert_remote(tmp: Path, files: list[Path], text: str,
         fake = await FakeVllm(latency=0.0, text=text).start()
         cfg = parse_config({"state_dir": str(tmp), "metrics": {"listen": None},
                             "engine": {"kind": "remote", "model": MODEL,
-                                       "urls": [fake.url]}}, tmp)
+                                       "remote": {"urls": [fake.url]}}}, tmp)
         ns = Namespace(files=files, output=out, prompt="markdown", pdf=True,
                        pdf_text_layer=pdf_text_layer)
         jobs = jobs_for(files, out)
@@ -450,7 +450,7 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """qpdf refusing the document (made to raise here): Markdown and sidecar are written,
     the sidecar says why there is no PDF, and no temporary file is left. (`ocrd convert
-    --pdf` then fails the file as pdf_failed: the PDF was asked for by name.)"""
+    --pdf` then fails the file as output_failed: the PDF was asked for by name.)"""
     from helpers import make_pdf
 
     from ocrd.outputs import textpdf
@@ -460,7 +460,7 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
 
     monkeypatch.setattr(textpdf, "write_pdf_layers", refuse)
     src = make_pdf(tmp_path / "doc.pdf", [[]])
-    out = convert_remote(tmp_path, [src], "Hello searchable world", failing=("pdf_failed",))
+    out = convert_remote(tmp_path, [src], "Hello searchable world", failing=("output_failed",))
     meta = json.loads((out / "doc.json").read_text())
     assert meta["outputs"]["pdf"] is None
     assert "unable to find trailer" in meta["outputs"]["pdf_failed"]
@@ -509,7 +509,8 @@ def test_daemon_inbox_with_pdf_output(tmp_path: Path) -> None:
         wait_for(lambda: (d.outbox / "note.md").exists(), 90, "note.md")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{d.port}/metrics",
                                          timeout=10).read().decode()
-    assert re.search(r"^ocrd_pdf_failures_total 0\.0$", metrics, re.M), metrics
+    assert re.search(r'^ocrd_output_failures_total\{output="pdf"\} 0\.0$', metrics, re.M), \
+        metrics
     meta = json.loads((d.outbox / "note.json").read_text())
     assert meta["outputs"]["pdf"] == "note.ocr.pdf"
     text = poppler("pdftotext", d.outbox / "note.ocr.pdf", "-")
@@ -538,17 +539,20 @@ def test_a_pdf_that_fails_is_counted_and_leaves_nothing(tmp_path: Path) -> None:
     from ocrd import safefs
     from ocrd.outputs import destinations, searchable_pdf
     from ocrd.outputs.page import PageOutput
+    from ocrd.outputs.writers import Document, Settings
+    from ocrd.render.pixels import RenderedPage
     from ocrd.service.metrics import Metrics
 
     metrics = Metrics()
-    pdf = searchable_pdf.SearchablePdf(searchable_pdf.PdfSettings("add"), 1, grounding=False)
-    pdf.page(0, PageOutput("some text"), 100, 100)
+    pdf = searchable_pdf.SearchablePdf(Settings("add"), 1, "text")
+    pdf.page(0, PageOutput("some text"), RenderedPage(0, 100, 100, b"", 72.0))
     Image.new("RGB", (100, 100), "white").save(tmp_path / "x.png")
     (tmp_path / "out").mkdir()
     with safefs.Dir.open_root(tmp_path / "out") as out:
-        asyncio.run(searchable_pdf.finish(pdf, None, str(tmp_path / "x.png"), "pdf", out, "x",
-                                  destinations.Perms(), metrics))
+        asyncio.run(pdf.write(Document(str(tmp_path / "x.png"), "pdf", "x.png", 1), out, "x",
+                              destinations.Perms(), None, metrics))
     assert pdf.written is None and "could not be made" in (pdf.failed or "")
     assert pdf.outputs() == {"pdf": None, "pdf_failed": pdf.failed}
-    assert metrics.registry.get_sample_value("ocrd_pdf_failures_total") == 1
+    assert metrics.registry.get_sample_value("ocrd_output_failures_total",
+                                             {"output": "pdf"}) == 1
     assert list((tmp_path / "out").iterdir()) == []

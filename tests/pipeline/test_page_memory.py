@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from helpers import make_pdf, sentence_lines
+from simulated_engines import SIMULATED
 
 from bench.memory import TEXT, huge_pdf
 from ocrd.pipeline.budget import MemoryBudget, Reservation
@@ -146,7 +147,7 @@ def test_the_default_budget_holds_the_engines_pages_in_flight() -> None:
     """limits.memory_bytes unset: a GPU engine's hundreds of pages in flight fit (two
     servers on an H200: 544); a fixed 1 GiB let 76 A4 pages in and starved the GPU. One
     page may still cost at most 1 GiB (the scans' bound of issue 16)."""
-    gpu = converter_for({"kind": "simulated", "simulated": {"concurrency": 544}}, 544)
+    gpu = converter_for({"kind": SIMULATED, "options": {"concurrency": 544}}, 544)
     a4 = gpu.resolution.cost("RGB", gpu.resolution.a4_pixels())
     assert a4 > 12 * 2**20  # A4 at 144 dpi, packed and as an image
     assert gpu.memory.total // a4 >= 544 > 2**30 // a4
@@ -155,7 +156,7 @@ def test_the_default_budget_holds_the_engines_pages_in_flight() -> None:
     cpu = converter_for({"kind": "tesseract"}, 2)
     assert cpu.memory.total == cpu.resolution.page_budget == 2**30
     # a value set is the budget and each page's cap, as before
-    fixed = converter_for({"kind": "simulated"}, 544, 64 * 2**20)
+    fixed = converter_for({"kind": SIMULATED}, 544, 64 * 2**20)
     assert fixed.memory.total == fixed.resolution.page_budget == 64 * 2**20
     # a reload follows the slots (more pages in flight, more budget) and the setting
     gpu.slots.resize(1000)
@@ -176,7 +177,7 @@ def test_a_daemon_keeps_as_many_a4_pages_in_flight_as_its_engine_takes(tmp_path:
     from bench.gpu.inputs import make_pdfs
 
     pdfs = make_pdfs(tmp_path / "pdfs", 128, 8, 1000)
-    engine = {"kind": "simulated", "simulated": {
+    engine = {"kind": SIMULATED, "options": {
         "max_batch": 120, "concurrency": 120, "step_seconds": 0.1,
         "step_per_page_seconds": 0.0, "prefill_seconds_per_megapixel": 0.0,
         "decode_steps": 18_000, "decode_jitter": 0.0}}

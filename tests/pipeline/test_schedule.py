@@ -485,7 +485,7 @@ def test_a_remote_engines_page_waits_for_its_figures_as_the_url_sent(tmp_path: P
         server = await Server(text="<|ref|>image<|/ref|><|det|>[[100, 200, 600, 700]]"
                                    "<|/det|>").start()
         engine = RemoteEngine(parse_config({"state_dir": str(tmp_path), "engine": {
-            "kind": "remote", "urls": [server.url]}}, tmp_path).engine)
+            "kind": "remote", "remote": {"urls": [server.url]}}}, tmp_path).engine)
         await engine.start()
         try:
             conv = Converter(cfg, engine, pool, FairSlots(1))  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from helpers import Daemon, claimed_files, make_pdf, text_image, wait_for  # noqa: E402
+from simulated_engines import SIMULATED
 
 ODD = [b"\xff", b"\xe9", b" ", b"\n", b"-", b"$(x)", b"\xe2\x82", b"\\", b":", b"*"]
 
@@ -292,7 +293,7 @@ def run(tmp: Path, seed: int, seconds: float, ops_per_second: float = 20) -> dic
     make_pdf(outside / "shared.pdf", [["shared outside data"]])
     private = tmp / "fuzzer"
     private.mkdir()
-    d = Daemon(tmp / "d", engine={"kind": "simulated", "simulated": {"instant": True}},
+    d = Daemon(tmp / "d", engine={"kind": SIMULATED, "options": {"instant": True}},
                render={"dpi": 36, "workers": 1}, rescan_seconds=2,
                log={"level": "info", "format": "json"})
     d.config["inboxes"][0].update(recursive=True, quiet_seconds=0.3, incomplete_seconds=30)

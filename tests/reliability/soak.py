@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from helpers import Daemon, make_pdf, sentence_lines  # noqa: E402
+from simulated_engines import SIMULATED
 
 
 def tree(pid: int) -> list[int]:
@@ -66,8 +67,8 @@ def run(out: Path, minutes: float, rate: float, every: float) -> dict:
     src.mkdir(parents=True, exist_ok=True)
     templates = [make_pdf(src / f"t{i}.pdf", [sentence_lines(i, 4)] * (1 + i % 3)).read_bytes()
                  for i in range(5)]
-    d = Daemon(out / "d", engine={"kind": "simulated",
-                                  "simulated": {"step_seconds": 0.02, "decode_steps": 20}},
+    d = Daemon(out / "d", engine={"kind": SIMULATED,
+                                  "options": {"step_seconds": 0.02, "decode_steps": 20}},
                log={"level": "info", "format": "json"})
     d.config["inboxes"][0].update(on_success="delete", quiet_seconds=0.5)
     d.start()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import make_pdf, sentence_lines
 from record_schemas import SIDECAR, valid
+from simulated_engines import SIMULATED
 
 from ocrd import safefs
 from ocrd.config.load import parse_config
@@ -50,8 +51,8 @@ def test_a_wall_clock_step_back_fake_clock_gives_no_negative_durations(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     doc = make_pdf(tmp_path / "a.pdf", [sentence_lines(1, 3), sentence_lines(2, 3)])
     cfg = parse_config({"state_dir": str(tmp_path), "metrics": {"listen": None},
-                        "engine": {"kind": "simulated",
-                                   "simulated": {"decode_steps": 40,
+                        "engine": {"kind": SIMULATED,
+                                   "options": {"decode_steps": 40,
                                                  "step_seconds": 0.01}}}, tmp_path)
     clock = SteppedWallClock()
     monkeypatch.setattr(time, "time", clock)

@@ -1,6 +1,7 @@
 """An engine that raises, hangs, returns garbage, dies or cannot be reached: bounded
 retries, pages re-queued, never a silent drop. The simulated engine with injected faults
-(engine.testing_faults) stands in for a GPU engine; the faults are deterministic.
+(tests/simulated_engines.py's FaultyEngine) stands in for a GPU engine; the faults are
+deterministic.
 
 The remote engine's servers are fake `vllm serve`s (tests/fake_vllm.py's
 FakeVllm, served from a thread of the test) that fail as real ones do: drop a thousand
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_vllm import MODEL, FakeVllm, FakeVllmThread
+from fake_vllm import FakeVllm, FakeVllmThread, engine_section
 from helpers import (
     Daemon,
     claimed_files,
@@ -29,10 +30,11 @@ from helpers import (
     wait_for,
 )
 from markdown_it import MarkdownIt
+from simulated_engines import FAULTY, SIMULATED
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 
-FAST = {"kind": "simulated", "simulated": {"step_seconds": 0.01, "decode_steps": 5}}
+FAST = {"kind": SIMULATED, "options": {"step_seconds": 0.01, "decode_steps": 5}}
 
 
 def docs(tmp_path: Path, n: int, pages: int = 2) -> list[Path]:
@@ -43,7 +45,8 @@ def docs(tmp_path: Path, n: int, pages: int = 2) -> list[Path]:
 
 
 def test_errors_hangs_and_garbage_are_retried_and_every_page_kept(tmp_path: Path) -> None:
-    engine = {**FAST, "testing_faults": {"error_every": 3, "hang_every": 7, "garbage_every": 5}}
+    engine = {"kind": FAULTY, "options": {"inner": FAST, "error_every": 3, "hang_every": 7,
+                                          "garbage_every": 5}}
     files = docs(tmp_path, 6)
     with Daemon(tmp_path / "d", engine=engine,
                 schedule={"page_timeout_seconds": 1.5, "page_retries": 4}) as d:
@@ -64,7 +67,7 @@ def test_errors_hangs_and_garbage_are_retried_and_every_page_kept(tmp_path: Path
 
 
 def test_a_page_the_engine_always_fails_fails_its_file_not_the_daemon(tmp_path: Path) -> None:
-    engine = {**FAST, "testing_faults": {"error_every": 1}}
+    engine = {"kind": FAULTY, "options": {"inner": FAST, "error_every": 1}}
     (f,) = docs(tmp_path, 1)
     with Daemon(tmp_path / "d", engine=engine, schedule={"page_retries": 1}) as d:
         d.start()
@@ -78,7 +81,7 @@ def test_a_page_the_engine_always_fails_fails_its_file_not_the_daemon(tmp_path: 
 def test_engine_death_exits_non_zero_and_the_next_start_finishes_the_work(
         tmp_path: Path) -> None:
     files = docs(tmp_path, 5)
-    d = Daemon(tmp_path / "d", engine={**FAST, "testing_faults": {"die_after": 3}})
+    d = Daemon(tmp_path / "d", engine={"kind": FAULTY, "options": {"inner": FAST, "die_after": 3}})
     with d:
         d.start()
         for f in files:
@@ -98,7 +101,7 @@ def test_engine_death_exits_non_zero_and_the_next_start_finishes_the_work(
 
 def test_unreachable_engine_pauses_intake_and_fails_nothing(tmp_path: Path) -> None:
     files = docs(tmp_path, 3, pages=1)
-    engine = {**FAST, "testing_faults": {"unavailable_seconds": 5}}
+    engine = {"kind": FAULTY, "options": {"inner": FAST, "unavailable_seconds": 5}}
     with Daemon(tmp_path / "d", engine=engine) as d:
         d.start()
         drop(files[0], d.inbox / files[0].name)
@@ -122,7 +125,7 @@ def test_unreachable_engine_pauses_intake_and_fails_nothing(tmp_path: Path) -> N
 
 
 def remote(*urls: str, **fields: Any) -> dict:
-    return {"kind": "remote", "model": MODEL, "urls": list(urls), **fields}
+    return engine_section(*urls, **fields)
 
 
 def small_pdfs(folder: Path, files: int, pages: int) -> list[Path]:

@@ -24,6 +24,7 @@ from helpers import (
     sentence_lines,
     wait_for,
 )
+from simulated_engines import SIMULATED
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 
@@ -87,7 +88,7 @@ def test_swapping_a_pdf_for_a_link_during_the_check_never_reaches_outside(
     outside, before = secret_folder(tmp_path)
     good = make_pdf(tmp_path / "good.pdf", [sentence_lines(2, 3)]).read_bytes()
     stop = threading.Event()
-    with Daemon(tmp_path / "d", engine={"kind": "simulated", "simulated": {"instant": True}},
+    with Daemon(tmp_path / "d", engine={"kind": SIMULATED, "options": {"instant": True}},
                 render={"dpi": 36}) as d:
         d.config["inboxes"][0]["quiet_seconds"] = 0.0
         d.start()
@@ -129,7 +130,7 @@ def test_swapping_a_pdf_for_a_link_during_the_check_never_reaches_outside(
 def test_a_claimed_file_replaced_by_a_link_in_the_work_area_is_not_converted(
         tmp_path: Path) -> None:
     outside, before = secret_folder(tmp_path)
-    with Daemon(tmp_path / "d", engine={"kind": "simulated", "simulated": {
+    with Daemon(tmp_path / "d", engine={"kind": SIMULATED, "options": {
             "max_batch": 1, "step_seconds": 0.05, "decode_steps": 20, "decode_jitter": 0}},
             schedule={"max_active_documents": 1, "pages_in_flight": 1}) as d:
         d.start()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import Daemon, files_under, make_pdf, sentence_lines, wait_for
+from simulated_engines import SIMULATED
 
 from ocrd.outputs.destinations import Reservations, reservation_name, sweep_temporaries
 from ocrd.safefs import Dir
@@ -33,7 +34,7 @@ def test_three_daemons_on_one_inbox_convert_each_file_exactly_once(
     if on_success == "archive":
         box["archive"] = str(shared / "archive")
     hosts = [Daemon(tmp_path / f"host{k}", inboxes=[box], render={"dpi": 36},
-                    engine={"kind": "simulated", "simulated": {"instant": True}})
+                    engine={"kind": SIMULATED, "options": {"instant": True}})
              for k in range(HOSTS)]
     docs = [make_pdf(tmp_path / f"src{i}.pdf", [sentence_lines(i, 2)]).read_bytes()
             for i in range(4)]

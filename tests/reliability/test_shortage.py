@@ -22,6 +22,7 @@ from helpers import (
     wait_for,
 )
 from PIL import Image
+from simulated_engines import SIMULATED
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 
@@ -52,8 +53,8 @@ def test_no_descriptor_to_spare_fails_no_file(tmp_path: Path) -> None:
     pdfs = {name: make_pdf(tmp_path / f"src{i}.pdf",
                            [sentence_lines(i * 5 + p, 3) for p in range(n)])
             for i, (name, n) in enumerate(names.items())}
-    d = Daemon(tmp_path / "d", engine={"kind": "simulated",
-                                       "simulated": {"decode_steps": 150,
+    d = Daemon(tmp_path / "d", engine={"kind": SIMULATED,
+                                       "options": {"decode_steps": 150,
                                                      "step_seconds": 0.02}},
                render={"dpi": 36}, schedule={"max_active_documents": 1})
     d.config["inboxes"][0].update(quiet_seconds=0.2, on_success="delete")
@@ -124,7 +125,7 @@ def test_a_briefly_full_outbox_costs_no_searchable_pdf(tmp_path: Path, tiny_fs: 
            "quiet_seconds": 0.3, "outputs": ["markdown", "pdf"],
            "pdf_text_layer": "add"}
     d = Daemon(tmp_path / "d", inboxes=[box], render={"dpi": 36},
-               engine={"kind": "simulated", "simulated": {"instant": True}})
+               engine={"kind": SIMULATED, "options": {"instant": True}})
     filler = fill(tiny_fs)
     os.truncate(filler, filler.stat().st_size - 32 * 1024)  # room for Markdown only
     with d:
@@ -135,7 +136,7 @@ def test_a_briefly_full_outbox_costs_no_searchable_pdf(tmp_path: Path, tiny_fs: 
         wait_for(lambda: len([e for e in d.events("output_unwritable")
                               if e["file"] == names[0]]) >= 3, 120,
                  "the full outbox met three times")
-        assert d.events("pdf_failed") == []
+        assert d.events("output_failed") == []
         assert files_under(d.failed) == []
         filler.unlink()  # space returns
         wait_for(lambda: all((out / n.replace(".pdf", ".md")).exists() for n in names),

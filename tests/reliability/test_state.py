@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 from helpers import Daemon, claimed_files, fill, make_pdf, sentence_lines, wait_for
+from simulated_engines import SIMULATED
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e]
 
-SLOW = {"kind": "simulated", "simulated": {"max_batch": 1, "step_seconds": 0.05,
+SLOW = {"kind": SIMULATED, "options": {"max_batch": 1, "step_seconds": 0.05,
                                            "decode_steps": 10, "decode_jitter": 0}}
 
 
@@ -86,7 +87,7 @@ def test_a_work_area_of_another_live_state_folder_is_left_alone(tmp_path: Path) 
 def test_a_full_state_folder_pauses_claims_fails_nothing_and_resumes(
         tmp_path: Path, tiny_fs: Path) -> None:
     d = Daemon(tmp_path / "d", state_dir=str(tiny_fs / "state"),
-               engine={"kind": "simulated", "simulated": {"instant": True}},
+               engine={"kind": SIMULATED, "options": {"instant": True}},
                render={"dpi": 36})
     d.config["inboxes"][0]["quiet_seconds"] = 0.2
     src = make_pdf(tmp_path / "a.pdf", [sentence_lines(1, 2)]).read_bytes()

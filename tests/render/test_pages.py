@@ -178,3 +178,18 @@ def test_render_workers_die_with_the_daemon(tmp_path: Path) -> None:
     alive = [p for p in workers if os.path.exists(f"/proc/{p}")
              and Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"]
     assert alive == [], "render workers outlived the daemon"
+
+
+def test_an_image_says_its_resolution_when_a_scan_would(tmp_path: Path) -> None:
+    """A scanner's 300 dpi reaches the page (tesseract's --dpi, the sidecar, hOCR's
+    scan_res); a photo's 72 dpi, or none, says nothing of its text: 0, not known."""
+    from PIL import Image
+
+    from ocrd.render.pages import probe, render_page
+
+    for name, dpi, want in (("scan.png", (300, 300), 300.0), ("photo.jpg", (72, 72), 0.0),
+                            ("plain.png", None, 0.0)):
+        path = tmp_path / name
+        Image.new("RGB", (400, 300), "white").save(path, **({"dpi": dpi} if dpi else {}))
+        info = probe(str(path), 144, 100, 1 << 30, 1 << 28)
+        assert render_page(str(path), info, 0, 144, 1 << 28).dpi == want, name

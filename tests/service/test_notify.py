@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers import Daemon, drop, make_pdf, sentence_lines, wait_for
+from simulated_engines import SIMULATED
 
 from ocrd.config.load import parse_config
 from ocrd.service import daemon as service
@@ -247,7 +248,7 @@ def test_watchdog_pings_go_on_through_a_long_document_and_after_idle(tmp_path: P
     would enforce it) never pause for more than the watchdog interval, and no `stalled`
     is logged."""
     notify = NotifySocket(tmp_path / "notify.sock")
-    d = Daemon(tmp_path / "d", engine={"kind": "simulated", "simulated": {
+    d = Daemon(tmp_path / "d", engine={"kind": SIMULATED, "options": {
         "max_batch": 1, "step_seconds": 0.05, "step_per_page_seconds": 0,
         "prefill_seconds_per_megapixel": 0, "decode_steps": 12, "decode_jitter": 0}},
         schedule={"pages_in_flight": 1, "page_timeout_seconds": 2},

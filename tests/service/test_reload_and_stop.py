@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import Daemon, claimed_files, make_pdf, sentence_lines, wait_for
+from simulated_engines import SIMULATED
 
 pytestmark = pytest.mark.e2e
 
-SLOW = {"kind": "simulated", "simulated": {"max_batch": 1, "step_seconds": 0.04,
+SLOW = {"kind": SIMULATED, "options": {"max_batch": 1, "step_seconds": 0.04,
                                            "decode_steps": 10, "decode_jitter": 0}}
 
 
@@ -101,7 +102,7 @@ def test_drain_timeout_zero_stops_now_and_leaves_pages_claimed(tmp_path: Path) -
 def test_a_file_moved_into_a_local_inbox_skips_the_quiet_period(tmp_path: Path) -> None:
     """The atomic "write elsewhere, then mv": complete when it appears (IN_MOVED_TO),
     claimed at once although quiet_seconds is 60; the completeness check still runs."""
-    with Daemon(tmp_path / "d", engine={"kind": "simulated", "simulated": {"instant": True}},
+    with Daemon(tmp_path / "d", engine={"kind": SIMULATED, "options": {"instant": True}},
                 render={"dpi": 36}, rescan_seconds=600) as d:
         d.config["inboxes"][0].update(quiet_seconds=60, watch="inotify")
         d.start()

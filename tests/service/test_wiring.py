@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from simulated_engines import SIMULATED
+
 from ocrd import errors
 from ocrd.config.load import parse_config
 from ocrd.config.roots import Roots
@@ -24,7 +26,7 @@ def config(tmp_path: Path, **schedule: object) -> Config:
         (tmp_path / name).mkdir(exist_ok=True)
     return parse_config({
         "state_dir": str(tmp_path / "state"),
-        "engine": {"kind": "simulated", "simulated": {"max_batch": 6}},
+        "engine": {"kind": SIMULATED, "options": {"max_batch": 6}},
         "schedule": schedule,
         "inboxes": [{"path": str(tmp_path / "inbox"), "outbox": str(tmp_path / "outbox"),
                      "failed": str(tmp_path / "failed")}],

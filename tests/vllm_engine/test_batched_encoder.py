@@ -27,7 +27,7 @@ from test_vllm_engine import noise  # noqa: E402
 from ocrd.config.settings import EngineConfig  # noqa: E402
 from ocrd.engines.base import PageRequest  # noqa: E402
 from ocrd.engines.vllm.inprocess import VllmEngine  # noqa: E402
-from ocrd.vllm_model import dsocr2_fast, plugin  # noqa: E402
+from ocrd.vllm_model import plugin, switches  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -41,8 +41,8 @@ def batched(tiny_config: Callable[..., EngineConfig], loop_thread: Any,
     mp = pytest.MonkeyPatch()
     # 2 global views and 4 tiles per call: with 5 pages the calls are chunked and the
     # last ones padded (A4 pages: 6 tiles each)
-    mp.setenv(dsocr2_fast.CHUNKS_ENV, "2x4")
-    mp.setenv(dsocr2_fast.BUCKETS_ENV, "0")  # every call of the full size
+    mp.setenv(switches.CHUNKS_ENV, "2x4")
+    mp.setenv(switches.BUCKETS_ENV, "0")  # every call of the full size
     # the engine core's INFO lines (ocrd's logging setup, run by earlier tests, turns
     # vLLM's own logging off in this process's environment)
     mp.setenv("VLLM_CONFIGURE_LOGGING", "1")

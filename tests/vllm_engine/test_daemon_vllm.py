@@ -31,8 +31,7 @@ def probe(url: str) -> int | None:
 
 
 def daemon_engine(cfg: EngineConfig) -> dict:
-    data = cfg.model_dump(mode="json", exclude={"testing_faults"})
-    return data
+    return cfg.model_dump(mode="json")
 
 
 def test_three_page_pdf_through_the_vllm_engine(
@@ -79,8 +78,8 @@ def test_three_page_pdf_through_the_vllm_engine(
 
 def test_remote_engine_daemon_waits_out_a_server_outage(
         tmp_path: Path, server: VllmServer, vllm_env: dict[str, str]) -> None:
-    engine = {"kind": "remote", "urls": [server.url], "model": SERVED_NAME,
-              "max_tokens": 16, "loop_retries": 0, "concurrency_per_url": 4}
+    engine = {"kind": "remote", "remote": {"urls": [server.url], "concurrency_per_url": 4},
+              "model": SERVED_NAME, "max_tokens": 16, "loop_retries": 0}
     src = tmp_path / "src"
     src.mkdir()
     first = make_pdf(src / "first.pdf", [sentence_lines(20, 3)] * 2)

@@ -18,7 +18,7 @@ from needs import require_vllm  # tests/vllm_engine, on sys.path (conftest.py)
 require_vllm()
 import torch  # noqa: E402
 
-from ocrd.vllm_model import dsocr2_fast, plugin  # noqa: E402
+from ocrd.vllm_model import dsocr2_fast, plugin, switches  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -395,16 +395,16 @@ def test_encoder_graphs_capture_every_call_size_of_a_view_kind_at_once(
 
 
 def test_encoder_chunks_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(dsocr2_fast.CHUNKS_ENV, raising=False)
+    monkeypatch.delenv(switches.CHUNKS_ENV, raising=False)
     assert dsocr2_fast.chunks_from_env() == (8, 24)
-    monkeypatch.setenv(dsocr2_fast.CHUNKS_ENV, "4x12")
+    monkeypatch.setenv(switches.CHUNKS_ENV, "4x12")
     assert dsocr2_fast.chunks_from_env() == (4, 12)
     for bad in ("0x12", "4", "ax3", "-1x4"):
-        monkeypatch.setenv(dsocr2_fast.CHUNKS_ENV, bad)
+        monkeypatch.setenv(switches.CHUNKS_ENV, bad)
         assert dsocr2_fast.chunks_from_env() == (8, 24), bad
-    monkeypatch.delenv(dsocr2_fast.BUCKETS_ENV, raising=False)
+    monkeypatch.delenv(switches.BUCKETS_ENV, raising=False)
     assert dsocr2_fast.buckets_wanted()
-    monkeypatch.setenv(dsocr2_fast.BUCKETS_ENV, "0")
+    monkeypatch.setenv(switches.BUCKETS_ENV, "0")
     assert not dsocr2_fast.buckets_wanted()
 
 

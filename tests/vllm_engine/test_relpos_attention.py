@@ -24,7 +24,7 @@ require_vllm()
 import torch  # noqa: E402
 from small_sam import small_sam  # noqa: E402  (tests/vllm_engine)
 
-from ocrd.vllm_model import dsocr2_fast  # noqa: E402
+from ocrd.vllm_model import dsocr2_fast, switches  # noqa: E402
 from ocrd.vllm_model import relpos_attention as ra  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -88,15 +88,15 @@ def test_the_layer_around_the_kernel_is_vllms_layer(monkeypatch: pytest.MonkeyPa
 
 
 def test_when_the_model_fuses_sams_attention(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(dsocr2_fast.FUSED_SAM_ENV, raising=False)
+    monkeypatch.delenv(switches.FUSED_SAM_ENV, raising=False)
     monkeypatch.setattr(ra, "available", lambda: True)
     assert dsocr2_fast.fused_sam_wanted() == (False, "not on a GPU")  # this CPU
-    monkeypatch.setenv(dsocr2_fast.FUSED_SAM_ENV, "1")
+    monkeypatch.setenv(switches.FUSED_SAM_ENV, "1")
     assert dsocr2_fast.fused_sam_wanted()[0]
-    monkeypatch.setenv(dsocr2_fast.FUSED_SAM_ENV, "0")
+    monkeypatch.setenv(switches.FUSED_SAM_ENV, "0")
     assert not dsocr2_fast.fused_sam_wanted()[0]
     monkeypatch.setattr(ra, "available", lambda: False)
-    monkeypatch.setenv(dsocr2_fast.FUSED_SAM_ENV, "1")
+    monkeypatch.setenv(switches.FUSED_SAM_ENV, "1")
     assert dsocr2_fast.fused_sam_wanted() == (False, "Triton is not installed")
 
 
@@ -127,10 +127,10 @@ def test_when_padded_encoder_calls_become_cuda_graphs(monkeypatch: pytest.Monkey
     def config(eager: bool) -> Any:
         return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager))
 
-    monkeypatch.delenv(dsocr2_fast.GRAPHS_ENV, raising=False)
+    monkeypatch.delenv(switches.GRAPHS_ENV, raising=False)
     assert not dsocr2_fast.graphs_wanted(config(False))  # this CPU: no CUDA
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert dsocr2_fast.graphs_wanted(config(False))
     assert not dsocr2_fast.graphs_wanted(config(True))  # vLLM's enforce_eager: none
-    monkeypatch.setenv(dsocr2_fast.GRAPHS_ENV, "0")
+    monkeypatch.setenv(switches.GRAPHS_ENV, "0")
     assert not dsocr2_fast.graphs_wanted(config(False))

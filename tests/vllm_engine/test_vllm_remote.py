@@ -33,7 +33,8 @@ pytestmark = pytest.mark.vllm
 
 def remote_config(url: str, **fields: Any) -> EngineConfig:
     return EngineConfig.model_validate({
-        "kind": "remote", "model": SERVED_NAME, "urls": [url], "concurrency_per_url": 4,
+        "kind": "remote", "model": SERVED_NAME,
+        "remote": {"urls": [url], "concurrency_per_url": 4},
         "max_tokens": 48, "loop_retries": 0, **fields})
 
 

@@ -30,6 +30,7 @@ from helpers import (
     text_image,
     wait_for,
 )
+from simulated_engines import SIMULATED
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -287,7 +288,7 @@ def test_a_file_being_converted_shows_page_k_of_n_and_its_original(browser,
     """The simulated engine at one page at a time, a few seconds a page."""
     port = free_port()
     daemon = Daemon(tmp_path, web={"listen": f"127.0.0.1:{port}"}, engine={
-        "kind": "simulated", "simulated": {"max_batch": 1, "step_seconds": 0.1,
+        "kind": SIMULATED, "options": {"max_batch": 1, "step_seconds": 0.1,
                                            "decode_steps": 25, "decode_jitter": 0}},
         schedule={"pages_in_flight": 1})
     daemon.start()

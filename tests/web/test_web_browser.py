@@ -194,7 +194,8 @@ def test_script_in_model_output_is_shown_as_text_and_never_runs(browser, tmp_pat
 
     server = FakeServer(XSS)
     daemon, base = console_daemon(tmp_path, engine={
-        "kind": "remote", "urls": [server.fake.url], "model": "deepseek-ai/DeepSeek-OCR-2"})
+        "kind": "remote", "remote": {"urls": [server.fake.url]},
+        "model": "deepseek-ai/DeepSeek-OCR-2"})
     try:
         daemon.start()
         drop(make_pdf(tmp_path / "hostile.pdf", [sentence_lines(8)]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import os
 import re
@@ -19,12 +20,13 @@ from typing import Any
 import structlog
 
 from ocrd.config.engine import EngineConfig, VllmConfig
+from ocrd.config.settings import ConfigError
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.deepseek_ocr2 import NGRAM_PROCESSOR, AttemptSettings
 from ocrd.engines.repetition import Attempt, convert_with_retries
-from ocrd.engines.vllm import installed
 from ocrd.engines.vllm.args import HeadDimGuard, engine_kwargs, fast_encoder_usable
+from ocrd.engines.vllm.profile import with_profile
 from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.outputs.page import PageOutput
 from ocrd.vllm_model import plugin
@@ -115,6 +117,8 @@ class VllmEngine(Engine):
     output_format = deepseek_ocr2.OUTPUT_FORMAT
 
     def __init__(self, cfg: EngineConfig) -> None:
+        """The engine in ocrd's process, as `cfg` says (its profile already applied:
+        `create` applies it)."""
         self.cfg = cfg
         self.model = cfg.model
         self.max_concurrency = cfg.vllm.max_num_seqs
@@ -131,12 +135,31 @@ class VllmEngine(Engine):
         self._id_prefix = f"ocrd{os.getpid()}"
         self._api: _VllmApi | None = None  # vLLM's classes, loaded by start()
 
-    # ---- lifecycle ------------------------------------------------------------------
+    @classmethod
+    def create(cls, cfg: EngineConfig) -> Engine:
+        """DeepSeek-OCR-2 on this machine's GPUs, laid out as engine.vllm's profile says:
+        in ocrd's process, or as local `vllm serve` servers that ocrd supervises
+        (engines/vllm/managed.py)."""
+        cfg = with_profile(cfg)
+        if cfg.vllm.managed:
+            from ocrd.engines.vllm.managed import ManagedServerEngine
+
+            return ManagedServerEngine(cfg)
+        return cls(cfg)
 
     @classmethod
     def preflight(cls, cfg: EngineConfig) -> list[str]:
-        """vLLM installed here and new enough; a model folder that is one."""
-        return installed.problems(cfg)
+        if importlib.util.find_spec("vllm") is None:
+            return [f"engine.kind = {cfg.kind!r}: vLLM is not installed in ocrd's "
+                    "environment; install it with pip install 'ocr-inbox-daemon[vllm]' "
+                    "(a CUDA GPU is needed)"]
+        try:
+            with_profile(cfg)
+        except ConfigError as e:
+            return list(e.problems)
+        return []
+
+    # ---- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
         """Build the engine (minutes on a GPU: weights, profiling, CUDA graphs)."""
@@ -224,7 +247,10 @@ class VllmEngine(Engine):
 
     async def ocr(self, page: PageRequest) -> PageOutput:
         self._check_usable()
-        out = await convert_with_retries(lambda s: self._attempt(page, s), self.cfg)
+        ngram = self.cfg.deepseek_ocr2.ngram
+        out = await convert_with_retries(
+            lambda n: self._attempt(page, deepseek_ocr2.attempt_settings(ngram, n)),
+            self.cfg.loop_retries)
         out.extra.setdefault("engine", self.kind)
         return out
 

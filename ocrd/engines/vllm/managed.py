@@ -40,7 +40,6 @@ from ocrd.config.settings import EngineConfig
 from ocrd.engines import deepseek_ocr2
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.engines.remote import RemoteEngine
-from ocrd.engines.vllm import installed
 from ocrd.engines.vllm.args import fast_encoder_usable
 from ocrd.engines.vllm.mps import MpsControl, MpsUnavailable
 from ocrd.engines.vllm.serve_args import (  # noqa: F401 - the tests' and bench's names
@@ -103,9 +102,11 @@ class ManagedServerEngine(Engine):
         self.env = env
         self.program = program
         self._client = RemoteEngine(cfg.model_copy(update={
-            "kind": "remote", "urls": [s.url for s in self.specs],
-            "concurrency_per_url": cfg.vllm.max_num_seqs,
-            "queue_per_url": queue_per_server(cfg.vllm, self.api_servers)}),
+            "kind": "remote", "remote": cfg.remote.model_copy(update={
+                "urls": [s.url for s in self.specs],
+                "concurrency_per_url": cfg.vllm.max_num_seqs,
+                "queue_per_url": queue_per_server(cfg.vllm, self.api_servers)})}),
+            recipe=deepseek_ocr2.DeepSeekOcr2(cfg),
             use_proxy=False,  # 127.0.0.1: never through a proxy
             send_priority=priority_scheduling(cfg))
         self.max_concurrency = self._client.max_concurrency
@@ -140,11 +141,6 @@ class ManagedServerEngine(Engine):
         return any(s.fast_encoder_loaded for s in self.servers)
 
     # ---- lifecycle ------------------------------------------------------------------
-
-    @classmethod
-    def preflight(cls, cfg: EngineConfig) -> list[str]:
-        """vLLM installed here and new enough; a model folder that is one."""
-        return installed.problems(cfg)
 
     async def start(self) -> None:
         """Start every server and wait until all answer (minutes on a GPU); then

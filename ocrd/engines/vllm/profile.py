@@ -17,7 +17,8 @@ from typing import Any
 
 import structlog
 
-from ocrd.config.engine import VllmConfig
+from ocrd.config.engine import EngineConfig, VllmConfig
+from ocrd.config.settings import ConfigError
 
 log = structlog.get_logger("ocrd.engine")
 
@@ -159,3 +160,21 @@ def _parse(row: list[str]) -> Gpu | None:
         if major.isdigit() and minor.isdigit():
             capability = (int(major), int(minor))
     return Gpu(index, name, memory, capability, uuid)
+
+
+def with_profile(cfg: EngineConfig) -> EngineConfig:
+    """The engine config with engine.vllm's profile applied; ConfigError names a
+    configured key that the chosen layout cannot take."""
+    from pydantic import ValidationError
+
+    from ocrd.config.check import describe_error
+
+    try:
+        vllm, profile = resolve(cfg.vllm)
+    except ValidationError as e:
+        raise ConfigError(*(describe_error(VllmConfig, err, ("engine", "vllm"))
+                            for err in e.errors())) from None
+    overridden = sorted(k for k in profile.settings if k in cfg.vllm.model_fields_set)
+    log.info("vllm_profile", profile=profile.name, reason=profile.reason,
+             mode=vllm.mode, settings=profile.settings, overridden=overridden)
+    return cfg.model_copy(update={"vllm": vllm})

@@ -1,4 +1,8 @@
-"""A stand-in for a continuous-batching GPU engine, for benchmarks and tests.
+"""Engines for the tests and benchmarks, loaded by class path like any engine of one's
+own (`engine.kind: simulated_engines:SimulatedEngine`, settings in `engine.options`):
+tests/conftest.py and the benchmarks put this folder on the daemons' PYTHONPATH.
+
+SimulatedEngine: a stand-in for a continuous-batching GPU engine.
 
 It behaves like vLLM serving a vision model, with the model replaced by a clock: one
 stepping loop (a thread, as a GPU runs beside the host's event loop) advances every
@@ -11,6 +15,8 @@ that leaves the batch half empty gets half the throughput — exactly what the s
 must avoid. The text of a page describes the page (size, a fingerprint of its pixels,
 its number), so outputs of different pages differ. `instant` answers at once, to measure
 everything but the engine.
+
+FaultyEngine: faults injected around another engine, for the reliability tests.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
+import random
 import threading
 import time
 from collections import deque
@@ -26,13 +34,61 @@ from typing import Any
 
 import structlog
 from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
 
-from ocrd.config.settings import EngineConfig
+from ocrd.config.engine import EngineConfig
+from ocrd.engines import create_engine
 from ocrd.engines.base import Engine, PageRequest
-from ocrd.errors import EngineDead
+from ocrd.errors import EngineDead, EngineUnavailable
 from ocrd.outputs.page import PageOutput
 
 log = structlog.get_logger("ocrd.engine.simulated")
+
+SIMULATED = "simulated_engines:SimulatedEngine"
+FAULTY = "simulated_engines:FaultyEngine"
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SimulatedOptions(_Options):
+    """A stand-in for a continuous-batching GPU engine, for benchmarks and tests: one
+    stepping loop decodes every active page at once; nothing is read or learned."""
+
+    # pages decoded together in one step; more wait in the engine's queue
+    max_batch: int = Field(default=16, ge=1)
+    # one step takes step_seconds + step_per_page_seconds × pages in the batch
+    step_seconds: float = Field(default=0.02, ge=0)
+    step_per_page_seconds: float = Field(default=0.001, ge=0)
+    # a page's prefill (its image) adds this much to the step it enters the batch in
+    prefill_seconds_per_megapixel: float = Field(default=0.005, ge=0)
+    # decode steps (output tokens) per page, varied by up to ± this fraction per page
+    # (deterministically, from the document and page number)
+    decode_steps: int = Field(default=24, ge=1)
+    decode_jitter: float = Field(default=0.5, ge=0, lt=1)
+    # pages the daemon keeps in flight with this engine; 0 = max_batch + 2, a small
+    # queue so that a freed batch place is refilled at the very next step
+    concurrency: int = Field(default=0, ge=0)
+    # answer every page at once (zero step time): measures the daemon's own overhead
+    instant: bool = False
+
+
+class FaultOptions(_Options):
+    """Fault injection around another engine (`inner`: an engine section, the simulated
+    engine by default): every N-th page (counted per daemon run) meets the fault; 0
+    turns it off."""
+
+    inner: dict[str, Any] = Field(default_factory=lambda: {"kind": SIMULATED})
+
+    error_every: int = Field(default=0, ge=0)  # raises an error
+    hang_every: int = Field(default=0, ge=0)  # never answers (page timeout)
+    garbage_every: int = Field(default=0, ge=0)  # returns random characters
+    die_after: int = Field(default=0, ge=0)  # the engine dies after this many pages
+    unavailable_seconds: float = Field(default=0.0, ge=0)  # unreachable after start
+    # while this file exists, a page's call blocks the event loop itself (a synchronous
+    # sleep inside the coroutine), as a real hang would: the watchdog's test
+    block_loop_while: str | None = None
 
 
 @dataclass(eq=False)
@@ -87,8 +143,10 @@ class SimulatedEngine(Engine):
     model = "simulated"
     output_format = "text"
 
+    Options = SimulatedOptions
+
     def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg.simulated
+        self.cfg = self.options(cfg)
         # A small queue beyond the batch: when a page finishes, the next one is already
         # waiting inside the engine and joins at the very next step, instead of after a
         # round trip through the caller (which would leave a place empty for a step).
@@ -246,3 +304,72 @@ def _settle(future: asyncio.Future, out: Any, error: BaseException | None) -> No
         future.set_exception(error)
     else:
         future.set_result(out)
+
+
+class FaultyEngine(Engine):
+    """Faults, deterministic (every N-th page of this run), around another engine:
+    errors the daemon must retry, hangs it must time out, garbage it must still turn
+    into a document, death it must survive by exiting and resuming, and an unreachable
+    engine it must wait for without failing pages."""
+
+    Options = FaultOptions
+
+    @classmethod
+    def create(cls, cfg: EngineConfig) -> Engine:
+        faults = cls.options(cfg)
+        assert isinstance(faults, FaultOptions)
+        inner = create_engine(EngineConfig.model_validate(faults.inner))
+        log.warning("engine_faults_injected", faults=faults.model_dump())
+        return cls(inner, faults)
+
+    def __init__(self, inner: Engine, faults: FaultOptions) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.kind = inner.kind
+        self.model = inner.model
+        self.output_format = inner.output_format
+        self.max_concurrency = inner.max_concurrency
+        self.render_dpi = inner.render_dpi
+        self.scan_dpi = inner.scan_dpi
+        self.page_mode = inner.page_mode
+        self.pixel_bytes = inner.pixel_bytes
+        self.calls = 0
+        self._started = 0.0
+        self._rng = random.Random(0)
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self._started = time.monotonic()
+
+    def _unavailable(self) -> bool:
+        return time.monotonic() - self._started < self.faults.unavailable_seconds
+
+    async def ocr(self, page: PageRequest) -> PageOutput:
+        f = self.faults
+        if self._unavailable():
+            raise EngineUnavailable("injected: engine unreachable")
+        self.calls += 1
+        n = self.calls
+        if f.block_loop_while and os.path.exists(f.block_loop_while):
+            log.warning("engine_blocks_the_loop", file=f.block_loop_while)
+            while os.path.exists(f.block_loop_while):
+                time.sleep(0.2)  # on the event loop's thread: nothing else turns
+        if f.die_after and n > f.die_after:
+            raise EngineDead(f"injected: engine died after {f.die_after} pages")
+        if f.error_every and n % f.error_every == 0:
+            raise RuntimeError(f"injected: engine error on call {n}")
+        if f.hang_every and n % f.hang_every == 0:
+            await asyncio.Event().wait()  # never set: only a timeout or cancel ends it
+        out = await self.inner.ocr(page)
+        if f.garbage_every and n % f.garbage_every == 0:
+            out.text = "".join(chr(self._rng.randrange(1, 0x2FFF)) for _ in range(300))
+        return out
+
+    async def health(self) -> bool:
+        return not self._unavailable() and await self.inner.health()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "faults": self.faults.model_dump()}
