@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ocrd.config.roots import mount_points
+from ocrd.config.roots import is_mounted
 from ocrd.config.settings import Config, InboxConfig
 
 
@@ -66,9 +66,8 @@ def check_folders(cfg: Config, numbers: list[int] | None = None) -> list[str]:
     destination only with create_folders), not usable, or on a required mount where
     nothing is mounted. `numbers` as for layout_problems."""
     problems: list[str] = []
-    mounts = set(mount_points())
     for k, mount in enumerate(cfg.required_mounts):
-        if os.path.realpath(mount) not in mounts:
+        if not is_mounted(mount):
             problems.append(f"required_mounts[{k}] = {str(mount)!r}: no filesystem is "
                             "mounted there (the share is not mounted); the inboxes with "
                             "folders on it would wait")

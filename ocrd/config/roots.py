@@ -31,6 +31,7 @@ import errno
 import os
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ocrd.safefs import Dir
@@ -48,19 +49,28 @@ def unmounted(mount: Path) -> str:
     return f"lies on {str(mount)!r}, where no filesystem is mounted (required_mounts)"
 
 
-def mount_points(mountinfo: str = MOUNTINFO) -> set[str]:
-    """The mount points this process sees, from /proc/self/mountinfo (empty when it
+@dataclass(frozen=True)
+class _Mount:
+    id: int
+    parent: int
+    dev: str  # major:minor of the filesystem
+    point: str
+
+
+def _mounts(mountinfo: str) -> list[_Mount]:
+    """The mounts this process sees, in /proc/self/mountinfo's order (empty when it
     cannot be read)."""
-    points = set()
+    out = []
     try:
         with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 fields = line.split(" - ", 1)[0].split()
-                if len(fields) >= 5:
-                    points.add(_unescape(fields[4]))
+                if len(fields) >= 5 and fields[0].isdigit() and fields[1].isdigit():
+                    out.append(_Mount(int(fields[0]), int(fields[1]), fields[2],
+                                      _unescape(fields[4])))
     except OSError:
         pass
-    return points
+    return out
 
 
 def _unescape(text: str) -> str:
@@ -71,8 +81,20 @@ def _unescape(text: str) -> str:
 
 
 def is_mounted(mount: Path, mountinfo: str = MOUNTINFO) -> bool:
-    """A filesystem is mounted at `mount` (its links resolved)."""
-    return os.path.realpath(mount) in mount_points(mountinfo)
+    """Another filesystem is mounted at `mount` (its links resolved) than the one that
+    holds the folder: the top of what is mounted there is not a bind mount of its parent
+    filesystem — which the service's sandbox makes of every ReadWritePaths= folder, and
+    which must not pass for the share."""
+    point = os.path.realpath(mount)
+    mounts = _mounts(mountinfo)
+    here = [m for m in mounts if m.point == point]
+    if not here:
+        return False
+    ids = {m.id for m in here}
+    top = [m for m in here if not any(o.parent == m.id for o in here)][-1]
+    bottom = next((m for m in here if m.parent not in ids), here[0])
+    below = next((m for m in mounts if m.id == bottom.parent), None)
+    return below is None or top.dev != below.dev
 
 
 def mount_of(path: Path, mounts: list[Path]) -> Path | None:
