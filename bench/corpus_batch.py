@@ -199,7 +199,8 @@ def run_daemon(folder: Path, root: Path, files: list[str], deadline_s: float) ->
     from tests.daemon_process import DaemonProcess
 
     inbox, outbox, failed = root / "inbox", root / "outbox", root / "failed"
-    inbox.mkdir(parents=True)
+    for folder in (inbox, outbox, failed, root / "archive"):
+        folder.mkdir(parents=True)
     config = {"state_dir": str(root / "state"), "engine": {"kind": "tesseract"},
               "metrics": {"listen": None}, "web": {"listen": None},
               "log": {"level": "info", "format": "json"},

@@ -287,6 +287,10 @@ class DaemonProcess(SharedDaemon):
     def start(self, wait_ready: bool = True, timeout: float = 120,
               systemd: dict[str, str] | None = None) -> DaemonProcess:
         self.inbox.mkdir(parents=True, exist_ok=True)
+        for box in self.config["inboxes"]:  # ocrd creates no missing destination
+            for key in ("outbox", "failed", "archive"):
+                if box.get(key):
+                    Path(box[key]).mkdir(parents=True, exist_ok=True)
         super().start(wait_ready, timeout, systemd)
         return self
 

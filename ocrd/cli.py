@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from ocrd.pipeline.progress import Progress
 
 EPILOG = """\
-run, status and check-config read -c FILE, else $OCRD_CONFIG, else /etc/ocrd/config.yaml.
+run, status, retry and check-config read -c FILE, else $OCRD_CONFIG, else
+/etc/ocrd/config.yaml.
 
 exit codes of `ocrd convert`: 0 all converted, 1 failures of several kinds,
 2 usage or configuration error, 3 bad input (empty, truncated, damaged, unsupported, unreadable),
@@ -38,6 +39,8 @@ interrupted.
 
 
 CONFIG_HELP = "YAML config file (default: $OCRD_CONFIG, else /etc/ocrd/config.yaml)"
+# `ocrd retry` when no failed file matches, whichever way they were asked for
+NOTHING_TO_RETRY = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,10 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("-v", "--verbose", action="count", default=0,
                       help="log events too, on their own lines: -v info, -vv debug")
 
-    check = command("check-config", "validate a config file and its folders",
-                    "Check a config file and the folders it names, as the daemon would "
-                    "use them: every problem is reported at once, one line each, naming "
-                    "the key and its value. Exit 0 when the daemon could start with it.")
+    check = command("check-config", "validate a config file, its folders and its engine",
+                    "Check a config file as the daemon's start would, everything but the "
+                    "GPU: the keys, the folders it names (a missing outbox, failed or "
+                    "archive folder, a required mount with nothing mounted), the engine "
+                    "(tesseract's languages installed, vLLM installed where engine.kind "
+                    "asks for it, the remote servers' URLs), token and key files, the "
+                    "listen addresses. Every problem is reported at once, one line each, "
+                    "naming the key and its value. Exit 0 when the daemon could start "
+                    "with it.")
     check.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
 
     status = command("status", "queue, counts by state, recent failures, and the files "
@@ -110,7 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "Show the files by state and the recent failures from the journal, "
                      "the queue and pages in flight when the daemon answers on "
                      "metrics.listen, and the files waiting or converting, by name, when "
-                     "its console answers on web.listen.")
+                     "its console answers on web.listen.",
+                     "--json: `counts` are the journal's files by state now (`failed`: "
+                     "in a failed folder now, not retried or dismissed); `daemon` holds "
+                     "the running daemon's numbers, its counters since it started "
+                     "(`files_failed_since_start` counts every failure of this run, also "
+                     "of files retried since); null when it does not answer.")
     status.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     status.add_argument("--json", action="store_true",
                         help="machine-readable output (times in ISO 8601, UTC)")
@@ -120,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         "retry", "put failed originals back into their inbox, to be converted again",
         "Put failed originals back into their inbox, where the daemon takes them in "
         "again. Works whether or not the daemon runs; run it as the daemon's user "
-        "(sudo -u ocrd).")
+        "(sudo -u ocrd).",
+        "exit codes: 0 every file asked for was put back, 1 nothing to retry (no failed "
+        "file matches: a FILE, --reason or --all alike) or a file could not be put back, "
+        "2 usage or configuration error (a reason that does not exist).")
     retry.add_argument("-c", "--config", type=Path, help=CONFIG_HELP)
     which = retry.add_mutually_exclusive_group(required=True)
     which.add_argument("files", nargs="*", default=[], metavar="FILE",
@@ -198,6 +214,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             engine = _engine_chosen(cfg)
         except ConfigError as e:
             problems += e.problems
+        problems += _engine_preflight(cfg)
     problems = list(dict.fromkeys(problems))
     for note in checked.notes:
         print(printable(f"ocrd: note: {note}"), file=sys.stderr)
@@ -220,6 +237,14 @@ def _engine_chosen(cfg: Config) -> str:
         vllm = with_profile(cfg.engine).vllm
         why += f"; vLLM {vllm.mode}, profile {cfg.engine.vllm.profile}"
     return f"{kind}: {why}"
+
+
+def _engine_preflight(cfg: Config) -> list[str]:
+    """What the daemon's start would find wrong with the engine (service/daemon.py asks
+    the same), without a GPU: a tesseract language without its data, vLLM missing."""
+    from ocrd.engines import preflight
+
+    return preflight(cfg.engine)
 
 
 def _check_secrets_and_listen(cfg: Config) -> list[str]:
@@ -300,9 +325,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"daemon: {'ready' if live.get('ready') else 'NOT READY'}, queue "
               f"{live.get('queue', 0)}, converting {live.get('active', 0)} file(s), "
               f"{live.get('in_flight', 0)} page(s) in flight, "
-              f"{live.get('pages_ok', 0)} pages done since start")
+              f"{live.get('pages_ok_since_start', 0)} pages done since start")
         for paused in live.get("paused_inboxes", []):
             print(printable(f"inbox {paused['inbox']}: PAUSED, {paused['why']}"))
+        if console is None:  # else its banners below say it, with a file's name
+            for unread in live.get("unread_in_subfolders", []):
+                print(printable(f"inbox {unread['inbox']}: {unread['files']} file(s) in its "
+                                "subfolders are not read (the inbox is not recursive)"))
     order = ["claimed", "converting", "finishing", "done", "failed"]
     print("files: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in order))
     if console is not None:
@@ -340,17 +369,19 @@ def cmd_retry(args: argparse.Namespace) -> int:
     log.setup("warning", cfg.log.format)  # one line per file below says what happened
     path = cfg.state_dir / "journal.sqlite3"
     if not path.exists():
-        print(printable(f"ocrd: no journal at {path}: nothing has failed yet"),
-              file=sys.stderr)
-        return ExitCode.USAGE
+        print(printable(f"ocrd: nothing to retry: no journal at {path} (the daemon has not "
+                        "run with this config yet)"), file=sys.stderr)
+        return NOTHING_TO_RETRY
     journal = Journal(path)
     try:
         ids = [int(f) for f in args.files if f.isdigit()]
         jobs = select(journal, ids=ids, paths=[f for f in args.files if not f.isdigit()],
                       reason=args.reason, everything=args.all)
         if not jobs:
-            print("ocrd: no failed file matches", file=sys.stderr)
-            return 1 if args.files else ExitCode.OK
+            what = (f"no failed file has the reason {args.reason!r}" if args.reason
+                    else "no file has failed" if args.all else "no failed file matches")
+            print(f"ocrd: nothing to retry: {what}", file=sys.stderr)
+            return NOTHING_TO_RETRY
         problems = 0
         for job in jobs:
             try:

@@ -52,6 +52,11 @@ class InboxLive:
     paused: bool = False  # no new claims for now (a folder replaced, a destination failing)
     why: str | None = None  # why, in one line for people
     files: tuple[WaitingFile, ...] = ()  # the waiting files, by name
+    # files in its subfolders that it does not read (not recursive): how many (at least,
+    # when `unread_complete` is False: the count stopped), and one of them
+    unread: int = 0
+    unread_first: str | None = None
+    unread_complete: bool = True
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,18 @@ class Daemon(DaemonProcess):
         }
         super().__init__(root, config, env=env, prefix=prefix)
 
+    def write_config(self) -> None:
+        """The config, and the destination folders of each inbox that does not say
+        whether ocrd may create them (`create_folders`): made here, as an admin makes
+        them (ocrd creates a missing one only when the config says so)."""
+        for box in self.config.get("inboxes") or []:
+            if "create_folders" not in box:
+                for key in ("outbox", "failed", "archive"):
+                    if box.get(key):  # a relative one: beside the config file
+                        (self.config_path.parent / box[key]).mkdir(parents=True,
+                                                                   exist_ok=True)
+        super().write_config()
+
     def start(self, wait_ready: bool = True, timeout: float = 60,
               systemd: dict[str, str] | None = None) -> Daemon:
         super().start(wait_ready, timeout, systemd)
@@ -185,7 +197,8 @@ def fill(folder: Path) -> Path:
 
 
 def write_config(root: Path, **top: object) -> Path:
-    (root / "inbox").mkdir(parents=True, exist_ok=True)
+    for folder in ("inbox", "outbox", "failed"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
     cfg = {"state_dir": str(root / "state"), "engine": {"kind": "tesseract"},
            "metrics": {"listen": f"127.0.0.1:{free_port()}"},
            "log": {"format": "json"},

@@ -103,3 +103,14 @@ def test_status_json_counts_are_whole_numbers_and_times_iso_8601(
                             for t in finished), finished
     text = ocrd("status", "-c", str(config_with_failures)).stdout
     assert re.search(r"^  \d{4}-\d\d-\d\d \d\d:\d\d \S+  sub/broken.pdf", text, re.M), text
+
+
+@pytest.mark.e2e
+def test_the_help_names_every_command_that_reads_the_config() -> None:
+    """`retry` reads -c / $OCRD_CONFIG like run, status and check-config; the help says
+    so, and what --json's counts mean."""
+    said = " ".join(ocrd("--help").stdout.split())
+    assert "run, status, retry and check-config read -c FILE, else $OCRD_CONFIG" in said
+    status_help = " ".join(ocrd("status", "--help").stdout.split())
+    assert "`failed`: in a failed folder now" in status_help
+    assert "`files_failed_since_start` counts every failure of this run" in status_help

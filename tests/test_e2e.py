@@ -262,7 +262,8 @@ def test_bad_files_land_in_failed_with_reasons_and_daemon_keeps_going(tmp_path: 
             [*ocrd_command(), "status", "--json", "-c", str(d.config_path)],
             capture_output=True, text=True, check=True, env=ocrd_env()).stdout)
         live = status["daemon"]
-        assert live["ready"] is True and live["files_ok"] == 1 and live["files_failed"] == 5, live
+        assert live["ready"] is True and live["files_ok_since_start"] == 1 and \
+            live["files_failed_since_start"] == 5, live
         assert all(type(v) is int for k, v in live.items() if k != "ready"), live
         assert status["counts"] == {"done": 1, "failed": 5}
         assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", f["finished"])
@@ -333,7 +334,8 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def test_check_config_names_the_bad_key_and_the_missing_inbox(tmp_path: Path) -> None:
-    (tmp_path / "in").mkdir()
+    for folder in ("in", "out", "failed"):
+        (tmp_path / folder).mkdir()
     typo = tmp_path / "typo.yaml"
     typo.write_text(f"""
 state_dir: {tmp_path}/state

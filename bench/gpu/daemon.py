@@ -62,7 +62,7 @@ class GpuDaemon(DaemonProcess):
         shutil.rmtree(root, ignore_errors=True)
         self.inbox, self.outbox, self.failed = root / "in", root / "out", root / "failed"
         self.appeared: dict[str, float] = {}  # NAME.md → when it was first seen
-        for d in (self.inbox, self.outbox):
+        for d in (self.inbox, self.outbox, self.failed):
             d.mkdir(parents=True)
         config = {
             "state_dir": str(root / "state"),

@@ -208,7 +208,7 @@ def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
 
     shutil.rmtree(root, ignore_errors=True)
     inbox, outbox, failed = root / "in", root / "out", root / "failed"
-    for d in (inbox, outbox):
+    for d in (inbox, outbox, failed):
         d.mkdir(parents=True)
     config = {"state_dir": str(root / "state"), "drain_timeout_seconds": 5,
               "engine": {"kind": SIMULATED, "options": {"max_batch": 16}},

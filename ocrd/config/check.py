@@ -188,12 +188,36 @@ def describe(model: type[BaseModel], err: Any, loc: Loc, prefix: Loc, value: Any
 
 
 def _did_you_mean(model: type[BaseModel], loc: Loc) -> str:
+    """A key of the same section close to the unknown one; else one anywhere in the
+    configuration (`engine.languages` → `engine.tesseract.lang`), by its full path."""
     section = model_at(model, loc[:-1])
     if section is None or not isinstance(loc[-1], str):
         return ""
     names = list(section.model_fields)
     close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else "; check its spelling"
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    elsewhere = dict(all_keys(Config))
+    by_leaf = difflib.get_close_matches(loc[-1], list(set(elsewhere.values())), n=1,
+                                        cutoff=0.6)
+    if by_leaf:
+        paths = sorted(p for p, leaf in elsewhere.items() if leaf == by_leaf[0])
+        return f"; did you mean {' or '.join(repr(p) for p in paths[:2])}?"
+    return "; check its spelling"
+
+
+def all_keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str]]:
+    """(full path, key) of every key a person may set in `model`, sections included:
+    `engine.tesseract.lang`, `inboxes[].outbox`."""
+    out = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}.{name}" if prefix else name
+        out.append((path, name))
+        sub = section_model(info.annotation)
+        if sub is not None:
+            listed = typing.get_origin(info.annotation) is list
+            out += all_keys(sub, path + ("[]" if listed else ""))
+    return out
 
 
 def _first_sentence(text: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ocrd.config.roots import is_mounted
 from ocrd.config.settings import Config, InboxConfig
 
 
@@ -61,8 +62,15 @@ def layout_problems(cfg: Config, numbers: list[int] | None = None) -> list[str]:
 
 def check_folders(cfg: Config, numbers: list[int] | None = None) -> list[str]:
     """Problems a running daemon would meet with the folders, besides the layout's
-    (check-config reports them). `numbers` as for layout_problems."""
+    (check-config reports them): every folder that is missing (ocrd creates a
+    destination only with create_folders), not usable, or on a required mount where
+    nothing is mounted. `numbers` as for layout_problems."""
     problems: list[str] = []
+    for k, mount in enumerate(cfg.required_mounts):
+        if not is_mounted(mount):
+            problems.append(f"required_mounts[{k}] = {str(mount)!r}: no filesystem is "
+                            "mounted there (the share is not mounted); the inboxes with "
+                            "folders on it would wait")
     places = numbers if numbers is not None else range(len(cfg.inboxes))
     for i, box in zip(places, cfg.inboxes, strict=True):
         if not box.path.is_dir():
@@ -72,9 +80,23 @@ def check_folders(cfg: Config, numbers: list[int] | None = None) -> list[str]:
                 f"inboxes[{i}].path = {str(box.path)!r}: no read/write permission "
                 "(ocrd moves claimed files out of the inbox)")
         for name, dest in box.destinations().items():
+            if dest.is_dir():
+                if not os.access(dest, os.W_OK | os.X_OK):
+                    problems.append(f"inboxes[{i}].{name} = {str(dest)!r}: not writable")
+                continue
+            if dest.exists() or dest.is_symlink():
+                problems.append(f"inboxes[{i}].{name} = {str(dest)!r}: not a folder")
+                continue
+            if not box.create_folders:
+                problems.append(
+                    f"inboxes[{i}].{name} = {str(dest)!r}: folder does not exist, and ocrd "
+                    "does not create it (a share not mounted? a misspelt path?): create it, "
+                    f"or set inboxes[{i}].create_folders: true")
+                continue
             parent = dest
             while not parent.exists() and parent != parent.parent:
                 parent = parent.parent
             if not os.access(parent, os.W_OK | os.X_OK):
-                problems.append(f"inboxes[{i}].{name} = {str(dest)!r}: not writable")
+                problems.append(f"inboxes[{i}].{name} = {str(dest)!r}: cannot be created "
+                                f"({str(parent)!r} is not writable)")
     return problems

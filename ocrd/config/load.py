@@ -36,10 +36,25 @@ def read_config(path: str | os.PathLike[str], defaults: dict | None = None) -> C
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {yaml_problem(e)}") \
+            from None
     if defaults and isinstance(data, dict):
         data = {**defaults, **data}
     return check(data, p.resolve().parent)
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line, with where it is in the file (PyYAML's own text spans
+    several lines and calls the file "<unicode string>")."""
+    problem = getattr(e, "problem", None)
+    mark = getattr(e, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(e).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if "'\\t'" in problem:
+        return f"{where}a tab, which YAML does not take for indenting: use spaces"
+    context = getattr(e, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def load_config(path: str | os.PathLike[str], defaults: dict | None = None) -> Config:

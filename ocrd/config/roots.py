@@ -10,10 +10,14 @@ ocrd runs — or one that is gone — is never used: nothing is read, moved or w
 through it (RootChanged), and its inbox pauses until the folder is back as it was or a
 reload pins what is there then.
 
-A folder that is not there at load (an outbox ocrd creates on first use, an inbox on a
-share not mounted yet) is pinned when it first appears, or when ocrd creates it; ocrd
-never creates a folder that was pinned and then went away (an unmounted share would
-have it written onto the disk under the mount point).
+A folder that is not there at load (an inbox on a share not mounted yet, an outbox the
+configuration lets ocrd create: `create_folders`) is pinned when it first appears, or
+when ocrd creates it; ocrd never creates a folder that was pinned and then went away
+(an unmounted share would have it written onto the disk under the mount point).
+
+A folder at or below one of `required_mounts` is used only while a filesystem is mounted
+there (/proc/self/mountinfo), and pinned only then: the empty mount point of a share not
+mounted yet is never taken for the share's folder.
 
 The same folder after a network share was mounted again may have a new device number;
 its filesystem id (statvfs f_fsid, the server's for NFS) and inode still say it is the
@@ -25,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ocrd.safefs import Dir
@@ -35,6 +41,69 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MISSING = "is not there (an unmounted share?)"
 LINKED = "is a symbolic link or not a folder now"
 OTHER = "is another folder now (replaced or moved)"
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def unmounted(mount: Path) -> str:
+    """Why a folder on the required mount `mount` is not used now."""
+    return f"lies on {str(mount)!r}, where no filesystem is mounted (required_mounts)"
+
+
+@dataclass(frozen=True)
+class _Mount:
+    id: int
+    parent: int
+    dev: str  # major:minor of the filesystem
+    point: str
+
+
+def _mounts(mountinfo: str) -> list[_Mount]:
+    """The mounts this process sees, in /proc/self/mountinfo's order (empty when it
+    cannot be read)."""
+    out = []
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split(" - ", 1)[0].split()
+                if len(fields) >= 5 and fields[0].isdigit() and fields[1].isdigit():
+                    out.append(_Mount(int(fields[0]), int(fields[1]), fields[2],
+                                      _unescape(fields[4])))
+    except OSError:
+        pass
+    return out
+
+
+def _unescape(text: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes (\040 ...)
+    if "\\" not in text:
+        return text
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def is_mounted(mount: Path, mountinfo: str = MOUNTINFO) -> bool:
+    """Another filesystem is mounted at `mount` (its links resolved) than the one that
+    holds the folder: the top of what is mounted there is not a bind mount of its parent
+    filesystem — which the service's sandbox makes of every ReadWritePaths= folder, and
+    which must not pass for the share."""
+    point = os.path.realpath(mount)
+    mounts = _mounts(mountinfo)
+    here = [m for m in mounts if m.point == point]
+    if not here:
+        return False
+    ids = {m.id for m in here}
+    top = [m for m in here if not any(o.parent == m.id for o in here)][-1]
+    bottom = next((m for m in here if m.parent not in ids), here[0])
+    below = next((m for m in mounts if m.id == bottom.parent), None)
+    return below is None or top.dev != below.dev
+
+
+def mount_of(path: Path, mounts: list[Path]) -> Path | None:
+    """The required mount that `path` lies at or below (the deepest), compared after
+    resolving links; None if none."""
+    real = Path(os.path.realpath(path))
+    found = [(len(Path(os.path.realpath(m)).parts), m) for m in mounts
+             if real == Path(os.path.realpath(m)) or Path(os.path.realpath(m)) in real.parents]
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 class RootChanged(OSError):
@@ -75,16 +144,23 @@ def _fsid(fd: int) -> int:
 
 
 class Root:
-    """One configured folder, pinned (or waiting to be, while it is not there)."""
+    """One configured folder, pinned (or waiting to be, while it is not there, or while
+    its required mount `mount` has nothing mounted)."""
 
-    def __init__(self, path: Path, real: Path | None = None) -> None:
+    def __init__(self, path: Path, real: Path | None = None, mount: Path | None = None) -> None:
         self.path = path
         self.real = real or Path(os.path.realpath(path))
+        self.mount = mount
         self._lock = threading.Lock()
         self._fd = -1  # kept open: the inode cannot be reused while pinned
         self._ident: tuple[int, int, int] | None = None  # (dev, ino, fsid)
-        with contextlib.suppress(OSError):
-            self._pin(_walk(self.real, False, 0))
+        if mount is None or is_mounted(mount):
+            with contextlib.suppress(OSError):
+                fd = _walk(self.real, False, 0)
+                try:
+                    self._pin(fd)
+                finally:
+                    os.close(fd)
 
     @property
     def pinned(self) -> bool:
@@ -113,6 +189,8 @@ class Root:
     def open(self, create: bool = False, mode: int = 0o755) -> Dir:
         """The folder, after making sure it is the pinned one (RootChanged if not).
         create: make it if it is not there and never was pinned (a destination)."""
+        if self.mount is not None and not is_mounted(self.mount):
+            raise RootChanged(self.path, unmounted(self.mount))
         try:
             fd = _walk(self.real, create and not self.pinned, mode)
         except FileNotFoundError:
@@ -163,13 +241,18 @@ class Roots:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._roots: dict[Path, Root] = {}
+        self._mounts: list[Path] = []
 
-    def pin(self, paths: list[Path]) -> dict[Path, tuple[Root | None, Root]]:
-        """Pin these folders anew (and let go of those no longer configured). Returns
+    def pin(self, paths: list[Path], mounts: list[Path] | None = None
+            ) -> dict[Path, tuple[Root | None, Root]]:
+        """Pin these folders anew (and let go of those no longer configured); `mounts`:
+        the required mounts (a folder on one is used only while it is mounted). Returns
         {path: (old root or None, new root)}."""
         with self._lock:
             known = dict(self._roots)
-        fresh = {p: Root(p, known[p].real if p in known else None)
+            self._mounts = list(mounts or [])
+        fresh = {p: Root(p, known[p].real if p in known else None,
+                         mount_of(p, self._mounts))
                  for p in dict.fromkeys(paths)}
         with self._lock:
             old, self._roots = self._roots, fresh
@@ -181,7 +264,7 @@ class Roots:
         with self._lock:
             root = self._roots.get(path)
         if root is None:  # a folder that was not configured when the roots were pinned
-            root = Root(path)
+            root = Root(path, mount=mount_of(path, self._mounts))
             with self._lock:
                 root = self._roots.setdefault(path, root)
         return root

@@ -84,7 +84,15 @@ class InboxConfig(_Strict):
         "the archive folder), `delete`, or `keep` (left in the inbox, converted again "
         "only if it changes). null: `archive` when an archive folder is set, else "
         "`keep`."))
-    recursive: bool = Field(False, description="Watch the inbox's subfolders too.")
+    create_folders: bool = Field(False, description=(
+        "Create the outbox, failed and archive folders when they are missing. false: "
+        "while one is missing the inbox waits, PAUSED, with the reason in `ocrd "
+        "status`, the console and the log, until the folder is there — so that a share "
+        "not mounted yet, or a misspelt path, is never written onto the local disk; "
+        "`ocrd check-config` names every missing folder."))
+    recursive: bool = Field(False, description=(
+        "Watch the inbox's subfolders too. false: files in subfolders are not read "
+        "(`ocrd status` and the console say how many wait there)."))
     include: list[str] = Field(default_factory=lambda: ["*"], description=(
         "Only names matching one of these patterns are converted (case-insensitive, "
         "like `*.pdf`)."))
@@ -95,10 +103,13 @@ class InboxConfig(_Strict):
         "A file counts as written once its size and time have not changed for this "
         "long; then it is checked for completeness."))
     incomplete_seconds: float = Field(600.0, ge=0, description=(
-        "A file that looks cut short is read as it is 10 s after its writer closed it; "
-        "an empty or cut-short file where no close is seen (network filesystems, a "
-        "file found by a scan) waits this long after its last change, then goes to "
-        "the failed folder."))
+        "A file that looks cut short (empty, a PDF without its end, an image that does "
+        "not decode to its end) waits until it has not changed for this long — also "
+        "after its writer closed it: SMB clients and scanners close a file between "
+        "chunks and pause — then is read as it is (a PDF without %%EOF that opens is "
+        "converted), or goes to the failed folder if it does not read. A file that "
+        "looks complete goes at once. A scanner that writes PDFs without %%EOF: lower "
+        "it, above its longest pause between chunks."))
     watch: Literal["auto", "inotify", "polling"] = Field("auto", description=(
         "How new files are noticed: `auto` (polling on network filesystems such as NFS, "
         "SMB or FUSE, inotify elsewhere), `inotify` or `polling`. Rescans find "
@@ -344,6 +355,13 @@ class Config(_Strict):
         "live: a local folder of one daemon's own. null: `/var/lib/ocrd` for a config "
         "file under /etc (the service's StateDirectory=), else `state` in this file's "
         "folder."))
+    required_mounts: list[Path] = Field(default_factory=list, description=(
+        "Mount points of shares that configured folders lie on (`/mnt/nas`): while no "
+        "filesystem is mounted at one (/proc/self/mountinfo), every inbox with a folder "
+        "at or below it waits, PAUSED — also where a folder is the empty mount point "
+        "itself, which a missing folder cannot reveal. `ocrd check-config` says when one "
+        "is not mounted. For the service, add `RequiresMountsFor=` with the same paths "
+        "in a drop-in (docs/operations.md)."))
     rescan_seconds: float = Field(60.0, gt=0, description=(
         "Seconds between full rescans of every inbox: change events are only hints, a "
         "rescan finds what they missed."))
@@ -371,6 +389,7 @@ class Config(_Strict):
 
         data = self.model_copy(deep=True)
         data.state_dir = fix(data.state_dir) or default_state_dir(base)
+        data.required_mounts = [fix(m) for m in data.required_mounts]  # type: ignore[misc]
         token = data.web.token_file
         # A bare name may be a systemd credential (looked up at start); a path is a path.
         if token is not None and len(token.parts) > 1:

@@ -56,6 +56,10 @@ class PageRequest:
     # (the pipeline keeps it for the page's figures instead of the packed page: a sixth
     # of the memory, nothing copied — the engine holds that string anyway)
     on_encoded: Callable[[str], None] | None = None
+    # degrees clockwise a person turned this page by hand (the console's "turn this
+    # page"; `image` is turned already): the engine reads it as given, without its own
+    # orientation detection. None: nobody did.
+    turned: int | None = None
 
 
 class Engine(abc.ABC):

@@ -25,6 +25,7 @@ import json
 import re
 import struct
 import time
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,24 @@ _CLOCKWISE = {90: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180,
 
 Blame = Literal["server", "page", "settings"]
 T = TypeVar("T")
+
+
+def _url_problem(url: str) -> str | None:
+    """Why `url` is not a server's base URL (None: it is)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # ValueError when it is not a number from 0 to 65535
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https://"
+    if not parts.hostname:
+        return "has no host name (http://HOST:PORT/v1)"
+    if port == 0:
+        return "port 0 is not a server's port"
+    if parts.query or parts.fragment:
+        return "the base URL takes no ?query or #fragment"
+    return None
 
 
 class RemoteRequestError(RuntimeError):
@@ -253,6 +272,17 @@ class RemoteEngine(Engine):
         self._canary_payload: bytes | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
+
+    @classmethod
+    def preflight(cls, cfg: EngineConfig) -> list[str]:
+        """The engine's own checks, and every server URL parses: http(s), a host, a port
+        that is one."""
+        out = super().preflight(cfg)
+        for i, url in enumerate(cfg.remote.urls):
+            why = _url_problem(url)
+            if why:
+                out.append(f"engine.remote.urls[{i}] = {url!r}: {why}")
+        return out
 
     async def start(self) -> None:
         """Probe the servers. Unreachable servers are not an error here (pages wait for

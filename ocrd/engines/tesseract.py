@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import replace
 from typing import Any
@@ -32,6 +33,27 @@ from ocrd.render import modes
 log = structlog.get_logger("ocrd.engine.tesseract")
 
 FEED_BYTES = 1 << 20  # written to tesseract's stdin at a time
+NOT_INSTALLED = "tesseract is not installed (apt-get install tesseract-ocr tesseract-ocr-eng)"
+
+
+def _languages(binary: str) -> set[str]:
+    """The languages whose data tesseract finds (`--list-langs`, which honours
+    TESSDATA_PREFIX)."""
+    out = subprocess.run([binary, "--list-langs"], capture_output=True, timeout=60,
+                         check=False).stdout
+    lines = out.decode(errors="replace").splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("List of")}
+
+
+def _missing_languages(lang: str, have: set[str]) -> str | None:
+    """What is missing of `lang` ('eng+fra'), with the command that installs it (Debian's
+    packages: tesseract-ocr-fra, tesseract-ocr-chi-sim); None when nothing is."""
+    missing = [x for x in lang.split("+") if x not in have]
+    if not missing:
+        return None
+    packages = " ".join("tesseract-ocr-" + x.lower().replace("_", "-") for x in missing)
+    return (f"tesseract has no language data for {'+'.join(missing)}: apt-get install "
+            f"{packages} (installed: {'+'.join(sorted(have - {'osd'})) or 'none'})")
 
 
 class TesseractEngine(Engine):
@@ -55,29 +77,40 @@ class TesseractEngine(Engine):
         self.model = f"tesseract:{self.cfg.lang}"
         self.orientation = self.cfg.orientation
 
+    @classmethod
+    def preflight(cls, cfg: EngineConfig) -> list[str]:
+        """tesseract installed, with the data of every language engine.tesseract.lang
+        names (`tesseract --list-langs`), besides the engine's own checks."""
+        out = super().preflight(cfg)
+        binary = shutil.which("tesseract")
+        if binary is None:
+            return [*out, f"engine.kind = {cfg.kind!r}: {NOT_INSTALLED}"]
+        try:
+            have = _languages(binary)
+        except (OSError, subprocess.SubprocessError) as e:
+            return [*out, f"engine.kind = {cfg.kind!r}: tesseract does not run "
+                    f"(`tesseract --list-langs`: {e})"]
+        problem = _missing_languages(cfg.tesseract.lang, have)
+        return [*out, f"engine.tesseract.lang = {cfg.tesseract.lang!r}: {problem}"] if problem \
+            else out
+
     async def start(self) -> None:
         if self.binary is None:
-            raise EngineDead("tesseract is not installed (apt-get install tesseract-ocr "
-                             "tesseract-ocr-eng)")
+            raise EngineDead(NOT_INSTALLED)
         proc = await asyncio.create_subprocess_exec(
             self.binary, "--version", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()
         first = out.decode(errors="replace").splitlines()[:1]
         self.version = first[0].split()[-1] if first else "?"
-        proc = await asyncio.create_subprocess_exec(
-            self.binary, "--list-langs", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
-        out, _ = await proc.communicate()
-        have = set(out.decode(errors="replace").split())
+        have = await asyncio.to_thread(_languages, self.binary)
         if self.orientation and "osd" not in have:
             self.orientation = False
             log.warning("orientation_off", why="tesseract has no 'osd' language data "
                         "(apt-get install tesseract-ocr-osd): pages are read as they lie")
-        missing = [lang for lang in self.cfg.lang.split("+") if lang not in have]
+        missing = _missing_languages(self.cfg.lang, have)
         if missing:
-            raise EngineDead(f"tesseract has no language data for {'+'.join(missing)} "
-                             f"(apt-get install tesseract-ocr-{missing[0]})")
+            raise EngineDead(missing)
         log.info("engine_ready", engine="tesseract", version=self.version,
                  lang=self.cfg.lang, workers=self.max_concurrency)
 
@@ -87,7 +120,7 @@ class TesseractEngine(Engine):
             tsv, text = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
             turned_image = None
-            if self.orientation and tesseract_tsv.doubtful(tsv):
+            if self.orientation and page.turned is None and tesseract_tsv.doubtful(tsv):
                 # an upside-down page reads as confident-less garbage (a sideways one
                 # tesseract reads as it lies): ask OSD, keep the better reading
                 angle = await orientation.detect(self._tesseract, page,

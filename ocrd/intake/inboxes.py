@@ -26,7 +26,7 @@ from pathlib import Path
 import structlog
 
 from ocrd.conditions import Conditions
-from ocrd.config.roots import MISSING, Roots
+from ocrd.config.roots import MISSING, Roots, unmounted
 from ocrd.config.settings import InboxConfig
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.watch import (
@@ -34,6 +34,7 @@ from ocrd.intake.watch import (
     Entry,
     Ignore,
     Observers,
+    UnreadFiles,
     entry_for,
     scan,
     watch_method,
@@ -76,6 +77,8 @@ class Inbox:
     # (size, mtime_ns) of originals being put back right now, from a worker thread: the
     # intake may see one in the inbox before it is in `kept` (and convert it again)
     putting_back: list[tuple[int, int]] = field(default_factory=list)
+    # files in subfolders that this inbox does not read (not recursive), at the last scan
+    unread: UnreadFiles | None = None
 
     @property
     def path(self) -> Path:
@@ -86,9 +89,11 @@ class Inbox:
         return self.roots.open(self.cfg.path)
 
     def open_destination(self, path: Path) -> Dir:
-        """One of the inbox's destinations (outbox, archive, failed), created on first
-        use; the one pinned (roots.RootChanged otherwise)."""
-        return self.roots.open(path, create=True, mode=self.perms.dir_mode)
+        """One of the inbox's destinations (outbox, archive, failed), the one pinned
+        (roots.RootChanged otherwise); created on first use only where the inbox's
+        `create_folders` says so."""
+        return self.roots.open(path, create=self.cfg.create_folders,
+                               mode=self.perms.dir_mode)
 
     def open_work(self, create: bool = False) -> Dir:
         """This daemon's work area in the inbox, `.ocrd-work/<instance>/` (0700: other
@@ -268,14 +273,32 @@ class Inboxes:
             if which == "path" and why == MISSING:
                 missing = True  # a share not mounted: inbox_missing, as ever
                 continue
-            if why is None or (why == MISSING and not pinned):
+            if why is None or (why == MISSING and not pinned and box.create_folders):
                 # as pinned (or a destination that ocrd makes on first use)
                 if self.conditions.cleared(key):
                     log.info("folder_back", inbox=str(box.path), folder=which,
                              path=str(path))
                 continue
+            if why == MISSING and not pinned:  # never there: ocrd does not make it
+                problems.append(f"its {_folder_word(which)} {str(path)!r} is not there (an "
+                                "unmounted share? ocrd creates it only with "
+                                "create_folders: true)")
+                self.conditions.met(
+                    key, "folder_missing", level="warning", inbox=str(box.path),
+                    folder=which, path=str(path),
+                    hint="the inbox takes no files until the folder is there: mount the "
+                    "share, or create the folder (or set create_folders: true to let ocrd "
+                    "create it)")
+                continue
             problems.append(f"its {_folder_word(which)} {str(path)!r} {why}")
             readable = readable and which != "path"
+            mount = self.roots.get(path).mount
+            if mount is not None and why == unmounted(mount):
+                self.conditions.met(
+                    key, "folder_unmounted", level="warning", inbox=str(box.path),
+                    folder=which, path=str(path), mount=str(mount),
+                    hint="the inbox takes no files until the share is mounted there")
+                continue
             self.conditions.met(
                 key, "folder_replaced", level="error", inbox=str(box.path), folder=which,
                 path=str(path), why=why, resolved=str(self.roots.get(path).real),
@@ -362,14 +385,16 @@ class Inboxes:
             self.conditions.met(key, "scan_error", folder=str(folder),
                                 error=e.strerror or str(e))
 
+        unread = None if inbox.cfg.recursive else UnreadFiles()
         entries = await asyncio.to_thread(
             lambda: list(scan(root, inbox.cfg.recursive, inbox.ignore, on_error,
                               open_top=inbox.open_root, on_too_deep=too_deep.append,
-                              stop=self._stopping.is_set)))
+                              stop=self._stopping.is_set, unread=unread)))
         for key in self.conditions.open_keys():
             if key[:2] == (root, "scan") and key not in seen_errors:
                 self.conditions.cleared(key, "scan_error_gone", folder=key[2])
         self._report_too_deep(inbox, too_deep)
+        self._report_unread(inbox, unread)
         if inbox.removed:
             return
         for entry in entries:
@@ -385,6 +410,19 @@ class Inboxes:
                             folders=len(folders), first=folders[0], max_depth=MAX_DEPTH,
                             hint="folders more than max_depth levels below the inbox are "
                             "neither scanned nor watched: their files are not converted")
+
+    def _report_unread(self, inbox: Inbox, unread: UnreadFiles | None) -> None:
+        """Files in the subfolders of an inbox that does not read them: kept for status
+        and the console, one log line when they first are there."""
+        inbox.unread = unread if unread is not None and unread.files else None
+        key = (inbox.path, "unread")
+        if inbox.unread is None:
+            self.conditions.cleared(key, "files_in_subfolders_gone", inbox=str(inbox.path))
+            return
+        self.conditions.met(key, "files_in_subfolders", level="info", inbox=str(inbox.path),
+                            files=unread.files, first=unread.first,
+                            hint="the inbox is not recursive: files in its subfolders are "
+                            "not read (recursive: true reads them)")
 
     def observe(self, inbox: Inbox, entry: Entry, complete: bool = False) -> None:
         if entry.regular and self.is_kept(inbox, entry):

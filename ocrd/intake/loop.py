@@ -83,6 +83,8 @@ class Intake:
             self.metrics.candidates.set(sum(len(i.tracker) for i in self.inboxes))
             self.metrics.set_paused({str(i.path): why for i in self.inboxes
                                      if (why := i.paused_why) is not None})
+            self.metrics.set_unread({str(i.path): i.unread.files for i in self.inboxes
+                                     if i.unread is not None})
             self.metrics.queue_depth.set(queue_depth())
             self.metrics.active_files.set(active())
             with contextlib.suppress(TimeoutError):
@@ -233,6 +235,7 @@ class Intake:
         entry = cand.entry
         if isinstance(decision, readiness.Wait):
             cand.why = decision.reason
+            cand.until, cand.fails_then = decision.until, decision.fails_then
             if decision.report:
                 cand.reported.add(decision.report)
                 log.info("file_incomplete", file=entry.relpath, reason=decision.reason,

@@ -10,12 +10,14 @@ claim it (to convert, or to fail it with a reason), wait and look again, reject 
 that is not a regular file, or forget an entry that is gone.
 
 Whether a file is whole is judged from whether it has stopped changing, never from its
-parse alone: a file that looks cut short (a PDF without %%EOF, an image that does not
-decode to its end) is settled once its writer closed it (or moved it in) and it has
-stayed unchanged since for CLOSED_SETTLE_SECONDS — or, where no such event is seen
-(network filesystems, files found by a scan), once it has not changed for
-`incomplete_seconds` (an empty file always waits that long). Then it is read as it is:
-converted if it reads (a PDF without %%EOF, with a warning), failed at once if not.
+parse alone: a file that looks cut short (a PDF without its trailer, an image that does
+not decode to its end, an empty file) waits until it has not changed for
+`incomplete_seconds`, whether or not its writer closed it — SMB clients and some
+scanners close the file between chunks and pause (seconds, a minute) before they open
+it again to append, and what they closed may even read (a PDF's first pages, an image's
+first rows), so a close says nothing about the end. Then it is read as it is: converted
+if it reads (a PDF without %%EOF, with a warning), failed if not. A file that looks
+complete goes at once after its close (or its quiet period).
 """
 
 from __future__ import annotations
@@ -29,10 +31,6 @@ from ocrd.render.pages import DocInfo
 
 # Waiting between checks of a file that looked incomplete: grows to this.
 MAX_RECHECK_SECONDS = 30.0
-# A file that looks cut short is settled this long (at least quiet_seconds, at most
-# incomplete_seconds) after its writer closed it: some writers (scanners) close the file
-# between chunks and open it again to append, pausing a few seconds in between.
-CLOSED_SETTLE_SECONDS = 10.0
 
 
 @dataclass
@@ -40,8 +38,6 @@ class Candidate:
     entry: Entry
     last_change: float  # monotonic time of the last size/mtime/inode change
     closed: bool = False  # closed after writing, or moved in: due at once (fast path)
-    # the writer closed it (or it was moved in) and it has not changed since
-    writer_done: bool = False
     next_check: float = 0.0
     checks: int = 0
     busy: bool = False  # a check or a claim is running
@@ -50,6 +46,10 @@ class Candidate:
     # checks that failed with an unexpected exception (a bug), as internal errors
     failures: list[errors.OcrdError] = field(default_factory=list)
     why: str | None = None  # the last check's reason for waiting (empty, truncated ...)
+    # when the wait the last check decided ends (monotonic; None: not known), and whether
+    # the file then fails (True) or is read as it is (False)
+    until: float | None = None
+    fails_then: bool = False
 
     def key(self) -> tuple[int, int, int]:
         return (self.entry.size, self.entry.mtime_ns, self.entry.ino)
@@ -68,12 +68,15 @@ class Claim:
 
 @dataclass(frozen=True)
 class Wait:
-    """Not yet: look again later (at `until`, when it is known: the end of the quiet
-    period). `report`: a first notice worth logging (with the probe's reason)."""
+    """Not yet: look again later (at `until`, when it is known: the end of the wait for
+    a file that looks cut short). `report`: a first notice worth logging (with the
+    probe's reason); `fails_then`: unchanged until `until`, the file fails (it does not
+    read), else it is read as it is."""
 
     report: str | None = None
     reason: str | None = None
     until: float | None = None
+    fails_then: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,19 +119,17 @@ def decide(cand: Candidate, probe: Probe | None, now_entry: Entry | None,
     if (now_entry.size, now_entry.mtime_ns, now_entry.ino) != cand.key():
         return Changed(now_entry)
     if looks_cut_short(probe):
-        # Maybe still being written: read as it is once it has stopped changing. (An
-        # empty file waits the full incomplete_seconds: writers often create and close
-        # a file before they open it again to fill it.)
-        closed = cand.writer_done and not isinstance(probe, errors.EmptyFile)
-        if settled(cand, quiet_seconds, incomplete_seconds, now, closed):
-            return Claim(error=probe) if isinstance(probe, errors.OcrdError) \
-                else Claim(info=probe)
+        # Maybe still being written (a close proves nothing: writers close between
+        # chunks and pause, and what they closed may even read, as a PDF's first pages
+        # or an image's first rows do): read as it is once it has stopped changing for
+        # incomplete_seconds.
+        reads = isinstance(probe, DocInfo)
+        if settled(cand, incomplete_seconds, now):
+            return Claim(info=probe) if reads else Claim(error=probe)
         first = "incomplete" not in cand.reported
-        until = cand.last_change + _closed_settle(quiet_seconds, incomplete_seconds) \
-            if closed else None
         return Wait(report="incomplete" if first else None,
-                    reason=probe.reason if isinstance(probe, errors.OcrdError)
-                    else "no_trailer", until=until)
+                    reason="no_trailer" if reads else probe.reason,
+                    until=cand.last_change + incomplete_seconds, fails_then=not reads)
     if isinstance(probe, errors.OcrdError):
         return Claim(error=probe) if quiet else Wait()
     return Claim(info=probe)
@@ -142,18 +143,9 @@ def looks_cut_short(probe: Probe) -> bool:
     return probe.cut_short
 
 
-def settled(cand: Candidate, quiet_seconds: float, incomplete_seconds: float,
-            now: float, closed: bool) -> bool:
-    """The file has stopped changing: its writer closed it (or moved it in: `closed`)
-    and it has not changed since for CLOSED_SETTLE_SECONDS, or it has not changed for
-    `incomplete_seconds`."""
-    quiet_for = now - cand.last_change
-    return (closed and quiet_for >= _closed_settle(quiet_seconds, incomplete_seconds)) \
-        or quiet_for >= incomplete_seconds
-
-
-def _closed_settle(quiet_seconds: float, incomplete_seconds: float) -> float:
-    return min(incomplete_seconds, max(quiet_seconds, CLOSED_SETTLE_SECONDS))
+def settled(cand: Candidate, incomplete_seconds: float, now: float) -> bool:
+    """The file has stopped changing: not for `incomplete_seconds`, closed or not."""
+    return now - cand.last_change >= incomplete_seconds
 
 
 # -- the candidates of one inbox ----------------------------------------------------------
@@ -182,11 +174,12 @@ class Tracker:
         elif (entry.size, entry.mtime_ns, entry.ino) != cand.key():
             cand.entry = entry
             cand.last_change = now
-            cand.why = None
-            cand.closed = cand.writer_done = False
+            cand.why = cand.until = None
+            cand.fails_then = False
+            cand.closed = False
             cand.next_check = 0.0
         if closed:
-            cand.closed = cand.writer_done = True
+            cand.closed = True
             cand.next_check = 0.0
         cand.seen = now
         return cand

@@ -1,6 +1,8 @@
 """What a file seen in an inbox and not yet claimed is waiting for, in words a person
-reads ("empty — fails at 15:46 unless it changes"), for the console, its API and
-`ocrd status`. Built on the daemon's loop from the inbox's readiness tracker."""
+reads ("empty — fails at 15:46:09 unless it changes"), for the console, its API and
+`ocrd status`. Built on the daemon's loop from the inbox's readiness tracker: the time
+a file fails is the one its last check decided (readiness.Wait.until), when the daemon
+looks at it again, never a time worked out anew here."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from ocrd.intake.readiness import Candidate
 from ocrd.live import WaitingFile
 from ocrd.names import shown
 
-# readiness reasons that end in failed/ once the file stays unchanged long enough
-_FAILS_LATER = {"empty": "empty", "truncated": "truncated (incomplete)"}
+# readiness reasons of a file that looks cut short, in words
+_CUT_SHORT = {"empty": "empty", "truncated": "truncated (incomplete)",
+              "no_trailer": "no end of file (%%EOF) yet"}
 
 
 def waiting_files(inbox: Inbox, engine_open: bool, now: float, wall: float,
@@ -37,17 +40,22 @@ def _one(inbox: Inbox, cand: Candidate, engine_open: bool, now: float,
                            until=at(cand.last_change + cfg.quiet_seconds), fails_then=True)
     if not inbox.available:
         return WaitingFile(**base, why="the inbox folder is missing", reason="inbox_missing")
+    if inbox.blocked:
+        return WaitingFile(**base, why=f"the inbox is paused: {inbox.blocked}",
+                           reason="paused")
     if inbox.paused_until > now:
         return WaitingFile(**base, why="the inbox is paused (a destination failed)",
                            reason="paused", until=at(inbox.paused_until))
     if not engine_open:
         return WaitingFile(**base, why="the engine is unavailable", reason="engine_down")
     why = cand.why
-    if why in _FAILS_LATER:
-        until = at(cand.last_change + cfg.incomplete_seconds)
-        return WaitingFile(**base, why=f"{_FAILS_LATER[why]} — fails at "
-                           f"{time.strftime('%H:%M', time.localtime(until))} unless it "
-                           "changes", reason=why, until=until, fails_then=True)
+    if why is not None and cand.until is not None:
+        until = at(cand.until)
+        clock = time.strftime("%H:%M:%S", time.localtime(until))
+        then = f"fails at {clock}" if cand.fails_then else f"read as it is at {clock}"
+        return WaitingFile(**base, why=f"{_CUT_SHORT.get(why, f'looks cut short ({why})')} "
+                           f"— {then} unless it changes", reason=why, until=until,
+                           fails_then=cand.fails_then)
     if cand.busy:
         return WaitingFile(**base, why="being checked", reason="checking")
     quiet_at = cand.last_change + cfg.quiet_seconds

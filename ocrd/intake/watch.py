@@ -44,6 +44,9 @@ NETWORK_FS = {
 
 # folders below an inbox that a recursive scan or watch enters; deeper ones are skipped
 MAX_DEPTH = 64
+# entries looked at, per scan, to count the files in a non-recursive inbox's subfolders
+# (which it does not read): a big tree there costs a scan no more than this
+SUBFOLDER_LOOK = 2000
 
 
 def fs_type(path: Path) -> str:
@@ -134,12 +137,14 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
          on_error: Callable[[Path, OSError], None] | None = None, *,
          open_top: Callable[[], Dir] | None = None, max_depth: int = MAX_DEPTH,
          on_too_deep: Callable[[str], None] | None = None,
-         stop: Callable[[], bool] | None = None) -> Iterator[Entry]:
+         stop: Callable[[], bool] | None = None,
+         unread: UnreadFiles | None = None) -> Iterator[Entry]:
     """Every wanted entry under root (opened with `open_top`, else by its path).
     Folders are entered through their parent's descriptor, never through a link: a
     subfolder replaced by a symbolic link is an entry like any other link (reported, not
     followed). Folders more than `max_depth` levels down are not entered
-    (`on_too_deep(relpath)`); `stop()` true ends the scan early."""
+    (`on_too_deep(relpath)`); `stop()` true ends the scan early. Not `recursive`: the
+    wanted files in subfolders, which are not read, are counted into `unread`."""
     def failed(folder: Path, e: OSError) -> None:
         if on_error is not None:
             on_error(folder, e)
@@ -168,6 +173,8 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
                 rel = prefix + name
                 if stat.S_ISDIR(st.st_mode):
                     if not recursive:
+                        if unread is not None:
+                            unread.count(top, rel, ignore, max_depth)
                         continue
                     if len(parts) >= max_depth:
                         if on_too_deep is not None:
@@ -177,6 +184,43 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
                     continue
                 if ignore.wanted(rel):
                     yield entry_for(root / rel, rel, st)
+
+
+@dataclass
+class UnreadFiles:
+    """Wanted files in the subfolders of an inbox that does not read them (not
+    recursive), counted by a scan: at most SUBFOLDER_LOOK entries are looked at
+    (`complete` False when there was more)."""
+
+    files: int = 0
+    first: str | None = None  # one of them, relative to the inbox
+    looked: int = 0
+    complete: bool = True
+
+    def count(self, top: Dir, folder: str, ignore: Ignore, max_depth: int) -> None:
+        stack = [tuple(folder.split("/"))]
+        while stack:
+            parts = stack.pop()
+            try:
+                with top.walk(parts) as sub:
+                    entries = list(_listing(sub))
+            except OSError:
+                continue
+            for name, st in entries:
+                if self.looked >= SUBFOLDER_LOOK:
+                    self.complete = False
+                    return
+                self.looked += 1
+                if st is None or ignore.ignored_part(name):
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if len(parts) < max_depth:
+                        stack.append((*parts, name))
+                    continue
+                rel = "/".join((*parts, name))
+                if stat.S_ISREG(st.st_mode) and ignore.wanted(rel):
+                    self.files += 1
+                    self.first = self.first or rel
 
 
 def _listing(folder: Dir) -> Iterator[tuple[str, os.stat_result | None]]:

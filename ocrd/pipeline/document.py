@@ -147,6 +147,8 @@ class Converter:
             src.info = info
             if src.sha256 is None:
                 src.sha256 = await asyncio.to_thread(sha256_fd, src.fd)
+            if src.turns is None and src.turns_for is not None:
+                src.turns = src.turns_for(src.sha256)
         finally:
             self.pending -= 1
             self.progressed()

@@ -23,7 +23,7 @@ from ocrd.outputs import destinations
 from ocrd.pipeline.document import Converter
 from ocrd.pipeline.source import Source
 from ocrd.work.item import Item
-from ocrd.work.journal import Journal, JournalUnwritable
+from ocrd.work.journal import Journal, JournalCorrupt, JournalUnwritable
 from ocrd.work.outcomes import OWN_FAILURE_TRIES, Outcomes, plain_name
 
 log = structlog.get_logger("ocrd.pipeline.jobs")
@@ -108,7 +108,8 @@ class Jobs:
                      custom_prompt=inbox.cfg.custom_prompt, info=item.info,
                      same_path_replaces=inbox.cfg.on_success == "keep",
                      claimed_at=item.claimed_at or 0.0, job_id=item.job_id,
-                     outputs=tuple(inbox.cfg.outputs), output_settings=inbox.cfg)
+                     outputs=tuple(inbox.cfg.outputs), output_settings=inbox.cfg,
+                     turns_for=self._turns)
         if plain:
             src.stem = destinations.split_ext(plain_name(item.name))[0]
         src.order = item.order
@@ -139,6 +140,14 @@ class Jobs:
             item.sha256, item.info = src.sha256, src.info
             await self.outcomes.fail(item, errors.internal(e, "converting the file"))
         return None
+
+    def _turns(self, sha256: str) -> dict[int, int]:
+        """The pages of this document a person turned by hand (the console)."""
+        try:
+            return self.journal.turns(sha256)
+        except (JournalUnwritable, JournalCorrupt) as e:  # read as the engine sees them
+            log.warning("turns_unread", error=str(e))
+            return {}
 
     def _requeue(self, item: Item) -> None:
         with contextlib.suppress(JournalUnwritable):

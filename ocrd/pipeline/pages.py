@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from ocrd import errors
+from ocrd.engines import orientation
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import modeltext
 from ocrd.outputs.page import PageOutput
@@ -190,11 +191,19 @@ class DocumentPages:
             held = False
             self._moved_on()
             out = await self._in_engine(request, i)
+            turn = self._turn(i)
+            if turn is not None:  # read turned by hand: say so, boxes on the page as given
+                out.rotation = turn
+                if out.words:
+                    out.words = [replace(w, box=orientation.unturn(
+                        w.box, turn, (size.width, size.height))) for w in out.words]
             self.unfinished -= 1
             if (doc := conv.documents.get(id(self.src))) is not None:
                 doc.done += 1
             self.results[i] = await self._result(i, out, kept[0].to_image if kept else None,
                                                  size, render_s)
+            if turn is not None:
+                self.results[i]["turned_by"] = "hand"
             for writer in self.outputs:  # e.g. the PDF's text layer, from the geometry
                 writer.page(i, out, size)
             self.blog.debug("page_done", page=i + 1, seconds=round(out.seconds, 3),
@@ -213,10 +222,24 @@ class DocumentPages:
             self.blog.warning("page_unreadable", page=i + 1, reason=e.reason, error=str(e))
         self.results[i] = self._without_image(i, e, render_s)
 
+    def _turn(self, i: int) -> int | None:
+        """Degrees clockwise a person turned page i by hand (None: nobody did)."""
+        return (self.src.turns or {}).get(i + 1)
+
     def _request(self, i: int, page: pages.RenderedPage, kept: list[Any],
                  priority: int = 0) -> PageRequest:
         src = self.src
         own_mode = self.conv.engine.page_mode != "RGB"
+        turn = self._turn(i)
+        if turn is not None:  # the page as the person turned it, an image to the engine
+            turned = orientation.turn(page.to_image(), turn)
+            req = PageRequest(image=turned, page_no=i + 1, doc_id=src.sha256 or src.name,
+                              prompt_mode=src.prompt_mode,  # type: ignore[arg-type]
+                              custom_prompt=src.custom_prompt, dpi=page.dpi,
+                              priority=priority, turned=turn)
+            if self.keep_image:  # figures are cropped from the page as read
+                kept[:] = [_Shown(turned)]
+            return req
         req = PageRequest(image=None if own_mode else page.to_image(),
                           rendered=page if own_mode else None, page_no=i + 1,
                           doc_id=src.sha256 or src.name,
@@ -340,6 +363,16 @@ class DocumentPages:
         if out.words:
             out.words = [replace(w, text=modeltext.clean(w.text)) for w in out.words]
         return self.conv.engine.page_markdown(out.text, image, page_no, self.assets_link)
+
+
+class _Shown:
+    """A page image as it was sent (turned by hand), for figure crops."""
+
+    def __init__(self, image: Any) -> None:
+        self.image = image
+
+    def to_image(self) -> Any:
+        return self.image
 
 
 def _first(eg: BaseExceptionGroup) -> BaseException:

@@ -4,7 +4,7 @@ its conversion has come (`DocProgress`, what the console shows: `converting_file
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ocrd import safefs
@@ -36,6 +36,11 @@ class Source:
     outputs: tuple[str, ...] = ()
     output_settings: OutputSettings | None = None
     job_id: int | None = None  # its journal row (the console links to it)
+    # {page: degrees clockwise} a person chose (the console's "turn this page"): those
+    # pages are read turned so, without the engine's own orientation detection; asked
+    # of `turns_for(sha256)` once the content is known
+    turns: dict[int, int] | None = None
+    turns_for: Callable[[str], dict[int, int]] | None = None
 
     @property
     def path(self) -> str:

@@ -32,6 +32,7 @@ from ocrd.config.load import load_config
 from ocrd.config.roots import Roots, configured
 from ocrd.config.settings import Config, ConfigError
 from ocrd.engines import create_engine
+from ocrd.engines import preflight as engine_preflight
 from ocrd.engines.base import Engine
 from ocrd.intake.inboxes import Inbox
 from ocrd.intake.waiting import waiting_files
@@ -162,10 +163,10 @@ class Daemon:
 
     def _pin(self, cfg: Config) -> None:
         """Pin every configured folder as it is now (config/roots.py)."""
-        for path, (old, new) in self.roots.pin(configured(cfg)).items():
+        for path, (old, new) in self.roots.pin(configured(cfg), cfg.required_mounts).items():
             if new.real != path or not new.pinned:
                 log.info("folder_pinned", path=str(path), resolved=str(new.real),
-                         there=new.pinned)
+                         there=new.pinned, mount=str(new.mount) if new.mount else None)
             if old is not None and old.pinned and new.pinned and old.ident != new.ident:
                 log.warning("folder_pinned_anew", path=str(path), resolved=str(new.real),
                             why="the folder there now is not the one pinned before; this "
@@ -362,13 +363,22 @@ class Daemon:
             pages_per_second=self.heartbeat.rate(now) if self.heartbeat else 0.0,
             pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,
             converting=len(parts.scheduler.active),
-            inboxes=tuple(InboxLive(names.shown(str(i.path)), i.watch, i.available,
-                                    len(i.tracker), i.paused_why is not None,
-                                    names.printable(i.paused_why or "") or None,
-                                    waiting_files(i, engine_open, now, wall))
-                          for i in parts.inboxes),
+            inboxes=tuple(_inbox_live(i, engine_open, now, wall) for i in parts.inboxes),
             converting_files=converting_files(parts.converter.documents.values(), wall),
             version=__version__)
+
+
+def _inbox_live(inbox: Inbox, engine_open: bool, now: float, wall: float) -> InboxLive:
+    """One inbox as the console and `ocrd status` show it."""
+    unread = inbox.unread
+    return InboxLive(names.shown(str(inbox.path)), inbox.watch, inbox.available,
+                     len(inbox.tracker), inbox.paused_why is not None,
+                     names.printable(inbox.paused_why or "") or None,
+                     waiting_files(inbox, engine_open, now, wall),
+                     unread=unread.files if unread else 0,
+                     unread_first=names.shown(unread.first) if unread and unread.first
+                     else None,
+                     unread_complete=unread.complete if unread else True)
 
 
 def _keep_rss_near_live_memory() -> None:
@@ -416,10 +426,14 @@ def run(config_path: Path) -> int:
     soft, hard = raise_descriptor_limit()
     log.info("descriptor_limit", soft=soft, hard=hard)
     cfg = load_config(config_path)
-    problems = layout_problems(cfg)
+    # what check-config finds too: overlapping folders, an engine that cannot start here
+    # (a tesseract language without its data); a restart would not mend them
+    problems = layout_problems(cfg) + engine_preflight(cfg.engine)
     if problems:
+        log.error("config_unusable", problems=problems,
+                  hint="`ocrd check-config` lists every problem; fix them, then start again")
         for problem in problems:
-            print(f"ocrd: {problem}", file=sys.stderr)
+            print(f"ocrd: configuration error: {problem}", file=sys.stderr)
         return 2
     daemon = Daemon(cfg, config_path)
     try:

@@ -86,6 +86,10 @@ class Metrics:
                                   "now, with why (one line for people)", ["inbox", "why"],
                                   registry=r)
         self._paused: dict[str, str] = {}
+        self.inbox_unread = Gauge("ocrd_inbox_unread_files", "Files in the subfolders of an "
+                                  "inbox that does not read them (not recursive), at its "
+                                  "last scan", ["inbox"], registry=r)
+        self._unread: dict[str, int] = {}
 
     def set_paused(self, paused: dict[str, str]) -> None:
         """The inboxes that take no files now ({inbox path: why})."""
@@ -95,6 +99,15 @@ class Metrics:
         for inbox, why in paused.items():
             self.inbox_paused.labels(inbox, why).set(1)
         self._paused = dict(paused)
+
+    def set_unread(self, unread: dict[str, int]) -> None:
+        """The files in subfolders each non-recursive inbox leaves unread ({path: n})."""
+        if unread == self._unread:
+            return
+        self.inbox_unread.clear()
+        for inbox, n in unread.items():
+            self.inbox_unread.labels(inbox).set(n)
+        self._unread = dict(unread)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,7 +15,10 @@ from ocrd.web.auth import load_token
 
 
 def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
-    """Numbers from a running daemon, or None if it does not answer."""
+    """Numbers from a running daemon, or None if it does not answer. Its counters are
+    since it started, and named so (`files_failed_since_start` counts every failure of
+    this run, also of a file retried since; the journal's `failed` counts the files in
+    the failed folders now)."""
     host, _, port = listen.rpartition(":")
     if host in ("", "0.0.0.0", "::", "[::]"):
         host = "127.0.0.1"
@@ -41,11 +44,14 @@ def daemon_metrics(listen: str, timeout: float = 2.0) -> dict | None:
             if sample.name in names:
                 out[names[sample.name]] = int(sample.value)
             elif sample.name == "ocrd_pages_total":
-                key = "pages_" + sample.labels.get("result", "?")
+                key = f"pages_{sample.labels.get('result', '?')}_since_start"
                 out[key] = out.get(key, 0) + int(sample.value)
             elif sample.name == "ocrd_files_total":
-                key = "files_" + sample.labels.get("result", "?")
+                key = f"files_{sample.labels.get('result', '?')}_since_start"
                 out[key] = out.get(key, 0) + int(sample.value)
+            elif sample.name == "ocrd_inbox_unread_files" and sample.value:
+                out.setdefault("unread_in_subfolders", []).append(
+                    {"inbox": sample.labels.get("inbox", "?"), "files": int(sample.value)})
             elif sample.name == "ocrd_inbox_paused" and sample.value:
                 out.setdefault("paused_inboxes", []).append(
                     {"inbox": sample.labels.get("inbox", "?"),

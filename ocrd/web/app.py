@@ -9,6 +9,7 @@ daemon's.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from urllib.parse import urlencode
@@ -20,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ocrd.names import shown
-from ocrd.web import actions, api, serve
+from ocrd.web import actions, api, serve, turn
 from ocrd.web.auth import COOKIE, Guard
 from ocrd.web.context import Context
 from ocrd.web.pages import int_param, render
@@ -28,7 +29,7 @@ from ocrd.web.queries import LIST_STATES, search_results, waiting_list
 from ocrd.web.search import COUNT_AT_MOST, Query
 from ocrd.web.store import listed_outputs
 from ocrd.web.views import job_facts, review_pages, state_of
-from ocrd.work.journal import FILTER_STATES, FileFilter
+from ocrd.work.journal import FILTER_STATES, FileFilter, Job
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -71,6 +72,8 @@ def live_context(ctx: Context) -> dict:
         "waiting": waiting_list(live),
         "bars": bars, "bar_max": max(bars + [0.01]), "chart_hours": CHART_HOURS,
         "bar_minutes": CHART_BUCKET // 60,
+        # the last bar's span so far: not "now" (the big figure is the last minute's)
+        "bar_since": time.strftime("%H:%M", time.localtime(first + (count - 1) * CHART_BUCKET)),
     }
 
 
@@ -188,12 +191,32 @@ def page_view(request: Request) -> Response:
     zoom = zoom if zoom in ZOOMS else "fit"
     info = next((p for p in meta.get("pages", []) if isinstance(p, dict)
                  and p.get("page") == page), {})
+    rotation = info.get("rotation") if info.get("rotation") in turn.TURNS else None
     return render(request, "page.html", job=job_facts(job), page=page, count=count,
-                  zoom=zoom, zooms=ZOOMS, rotation=info.get("rotation"))
+                  zoom=zoom, zooms=ZOOMS, rotation=rotation,
+                  by_hand=info.get("turned_by") == "hand", turns=turn.offered(rotation),
+                  cannot_turn=_cannot_turn(ctx, job, meta))
 
 
-ZOOMS = {"fit": "fit the window", "100": "100 %", "150": "150 %", "200": "200 %",
+# "fit": the page as wide as the window at most; the others: the page image's own
+# pixels times the factor (100: 1:1, one image pixel per CSS pixel)
+ZOOMS = {"fit": "fit the window", "50": "50 %", "100": "1:1 (100 %)", "200": "200 %",
          "300": "300 %"}
+
+
+def _cannot_turn(ctx: Context, job: Job, meta: dict) -> str | None:
+    """Why a page of this file cannot be turned and converted again (None: it can)."""
+    box = ctx.store.inbox(job)
+    if job.state != "done" or box is None:
+        return "only a converted file's pages can be turned"
+    if box.on_success == "delete":
+        return ("its original was deleted once it was converted (on_success: delete): drop "
+                "it into the inbox again to convert it anew")
+    original = ctx.store.original(job, meta)
+    if original is None:
+        return "its original is no longer where ocrd left it"
+    os.close(original.fd)
+    return None
 
 
 def upload_page(request: Request) -> Response:
@@ -238,6 +261,7 @@ def create_app(ctx: Context) -> Starlette:
         Route("/search", search),
         Route("/files/{id:int}", review),
         Route("/files/{id:int}/pages/{page:int}", page_view),
+        Route("/files/{id:int}/pages/{page:int}/turn", turn.turn_form, methods=["POST"]),
         Route("/files/{id:int}/retry", actions.retry_form, methods=["POST"]),
         Route("/files/{id:int}/dismiss", actions.dismiss_form, methods=["POST"]),
         Route("/failed", failed),

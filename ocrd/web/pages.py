@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from ocrd import __version__
-from ocrd.live import Live
+from ocrd.live import InboxLive, Live
 from ocrd.names import shown
 from ocrd.web.auth import Guard
 from ocrd.web.context import Context
@@ -52,7 +52,19 @@ def banners(ctx: Context, live: Live | None) -> list[dict]:
             why = box.why or "its destination failed; new files are taken again shortly"
             out.append({"kind": "warn", "id": "inbox-paused",
                         "text": f"Inbox {box.path} is paused: {why}."})
+        if box.unread:
+            out.append({"kind": "warn", "id": "inbox-subfolders", "text": unread_text(box)})
     return out
+
+
+def unread_text(box: InboxLive) -> str:
+    """Files waiting in subfolders that a non-recursive inbox does not read, and why."""
+    many = f"{box.unread}" if box.unread_complete else f"at least {box.unread}"
+    files = "file waits" if box.unread == 1 and box.unread_complete else "files wait"
+    return (f"Inbox {box.path}: {many} {files} in its subfolders (such as "
+            f"{box.unread_first}) and {'is' if files == 'file waits' else 'are'} not read: "
+            "the inbox is not recursive. Move them into the inbox folder itself, or set "
+            "recursive: true for the inbox.")
 
 
 def render(request: Request, name: str, status: int = 200, **context: object) -> Response:

@@ -45,6 +45,15 @@ CREATE INDEX IF NOT EXISTS jobs_path ON jobs(inbox, relpath);
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished);
 CREATE INDEX IF NOT EXISTS jobs_state_finished ON jobs(state, finished);
 CREATE INDEX IF NOT EXISTS jobs_reason ON jobs(reason);
+-- a person's turn of a page (the console's "turn this page"), by the document's content:
+-- every later conversion of it reads that page turned so, clockwise
+CREATE TABLE IF NOT EXISTS turns (
+    sha256 TEXT NOT NULL,
+    page INTEGER NOT NULL,
+    rotation INTEGER NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (sha256, page)
+);
 """
 
 # Columns added after the first release; an older journal gets them at open.
@@ -341,6 +350,30 @@ class Journal:
         cur = self.db.execute("UPDATE jobs SET state=? WHERE id=? AND state='failed'",
                               (DISMISSED, job_id))
         return cur.rowcount == 1
+
+    @_guarded
+    def set_turn(self, sha256: str, page: int, rotation: int | None) -> None:
+        """Page `page` of the document `sha256` is to be read turned `rotation` degrees
+        clockwise (0, 90, 180, 270; 0: as it lies), whatever the engine would detect;
+        None: as the engine finds it again."""
+        if rotation is None:
+            self.db.execute("DELETE FROM turns WHERE sha256=? AND page=?", (sha256, page))
+            return
+        self.db.execute("INSERT OR REPLACE INTO turns (sha256, page, rotation, at) "
+                        "VALUES (?, ?, ?, ?)", (sha256, page, rotation % 360, time.time()))
+
+    @_guarded
+    def turns(self, sha256: str) -> dict[int, int]:
+        """{page: rotation} a person chose for the document `sha256` (a journal from
+        before turns, opened read-only, has none)."""
+        try:
+            rows = self.db.execute("SELECT page, rotation FROM turns WHERE sha256=?",
+                                   (sha256,)).fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return {}
+            raise
+        return {int(page): int(rotation) for page, rotation in rows}
 
     @_guarded
     def mark_retried(self, job_id: int, put_back: str) -> bool:

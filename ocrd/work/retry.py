@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -67,6 +68,64 @@ def retry_job(cfg: Config, journal: Journal, job: Job) -> Path:
     log.info("file_retried", id=job.id, file=shown(job.relpath), reason=job.reason,
              put_back=shown(str(put_back)))
     return put_back
+
+
+def convert_again(cfg: Config, journal: Journal, job: Job) -> Path:
+    """Have a converted file converted again (its outputs replaced: the same document
+    from the same path): its archived original moved back into its inbox under its
+    relative path; a kept one (on_success: keep) marked as changed (its modification
+    time set to now), so that the daemon takes it in again. Returns where it is.
+    RetryError when there is no original (on_success: delete) or it is not found."""
+    if job.state != "done":
+        raise RetryError(f"{shown(job.relpath)} is not converted (state: {job.state})")
+    box = _inbox_of(cfg, job)
+    folders, name = safefs.split(job.relpath)
+    try:
+        if box.on_success == "keep":
+            with Dir.open_root(box.path) as inbox, inbox.walk(folders) as folder:
+                st = folder.lstat(name)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != job.size:
+                    raise FileNotFoundError(name)
+                os.utime(name, ns=(st.st_atime_ns, time.time_ns()), dir_fd=folder.fd,
+                         follow_symlinks=False)
+            where = box.path.joinpath(*folders, name)
+        elif box.on_success == "archive" and box.archive is not None:
+            perms = destinations.Perms(box.file_mode_bits, box.dir_mode_bits, box.gid,
+                                       tag=f"retry{os.getpid()}")
+            with Dir.open_root(box.archive) as archive, archive.walk(folders) as src:
+                archived = _archived_name(src, name, job.size)
+                with Dir.open_root(box.path) as inbox:
+                    dest, used = destinations.mirror(inbox, folders, perms)
+                    with dest:
+                        new = destinations.move_unique(src, archived, dest, name, perms)
+            where = box.path.joinpath(*used, new)
+        else:
+            raise RetryError(f"{shown(job.relpath)}: its original was deleted once it was "
+                             "converted (on_success: delete); drop it into the inbox again")
+    except FileNotFoundError:
+        raise RetryError(f"{shown(job.relpath)}: the original is no longer where ocrd left "
+                         "it") from None
+    except (OSError, ValueError) as e:
+        raise RetryError(f"{shown(job.relpath)}: cannot put it back into "
+                         f"{shown(str(box.path))}: {e}") from None
+    log.info("file_converted_again", id=job.id, file=shown(job.relpath),
+             put_back=shown(str(where)))
+    return where
+
+
+def _archived_name(folder: Dir, name: str, size: int) -> str:
+    """The original's name in the archive folder: its own, or the first free name the
+    archive gave it (`a-2.pdf` …), of its size."""
+    stem, dot, ext = name.rpartition(".")
+    for candidate in [name] + [f"{stem or ext}-{n}{dot}{ext if stem else ''}"
+                               for n in range(2, 10)]:
+        try:
+            st = folder.lstat(candidate)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_size == size:
+            return candidate
+    raise FileNotFoundError(name)
 
 
 def _inbox_of(cfg: Config, job: Job) -> InboxConfig:

@@ -104,7 +104,8 @@ def test_check_config_reports_every_problem_at_once_one_line_each(tmp_path: Path
     import subprocess
     import sys
 
-    (tmp_path / "in").mkdir()
+    for folder in ("in", "failed", "out2", "failed2"):  # the folders are there
+        (tmp_path / folder).mkdir()
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"""
 inboxes:
@@ -199,6 +200,41 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml")
 
 
+def test_a_tab_in_the_yaml_is_named_in_one_line_with_the_file_and_where(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("inboxes:\n\t- path: /srv/in\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(bad)
+    (problem,) = caught.value.problems
+    assert problem == (f"config file {str(bad)!r} is not valid YAML: line 2, column 1: a tab, "
+                       "which YAML does not take for indenting: use spaces"), problem
+    assert "\n" not in problem and "<unicode string>" not in problem
+
+
+def test_an_unknown_key_gets_a_did_you_mean_from_another_section(tmp_path: Path) -> None:
+    data = _base(tmp_path)
+    data["engine"] = {"languages": "eng+deu"}
+    data["outbox"] = "/srv/out"
+    data["inboxes"][0]["lang"] = "eng"
+    data["inboxes"][0]["recursiv"] = True
+    from ocrd.config.check import check
+
+    problems = check(data, tmp_path).problems
+    assert "engine.languages: unknown key (value 'eng+deu'); did you mean " \
+           "'engine.tesseract.lang'?" in problems, problems
+    assert "outbox: unknown key (value '/srv/out'); did you mean 'inboxes[].outbox'?" \
+        in problems, problems
+    assert "inboxes[0].lang: unknown key (value 'eng'); did you mean " \
+           "'engine.tesseract.lang'?" in problems, problems
+    # the key's own section first
+    assert "inboxes[0].recursiv: unknown key (value True); did you mean 'recursive'?" \
+        in problems, problems
+    data = _base(tmp_path)
+    data["zzzqqq"] = 1
+    assert "zzzqqq: unknown key (value 1); check its spelling" in \
+        check(data, tmp_path).problems
+
+
 # -- layouts that destroy state or loop, compared after resolving links (issue 15.6) --
 
 
@@ -269,7 +305,8 @@ def test_check_config_prints_one_line_per_overlap(tmp_path: Path) -> None:
     import sys
 
     box = _box(tmp_path, "a", recursive=True)
-    (tmp_path / "a" / "in").mkdir(parents=True)
+    for folder in ("in", "out", "failed"):
+        (tmp_path / "a" / folder).mkdir(parents=True)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "a" / "in" / ".state"),
                                    "inboxes": [box]}))

@@ -99,6 +99,8 @@ def test_keys_in_their_old_place_still_work_and_check_config_says_where_they_liv
     assert cfg.remote.urls == ["http://127.0.0.1:9/v1"] and cfg.remote.queue_per_url == 0
     assert cfg.remote.api_key == "k" and cfg.deepseek_ocr2.ngram.ngram_size == 20
     path = tmp_path / "c.yaml"
+    for folder in ("out", "failed"):  # ocrd creates no missing destination
+        (tmp_path / folder).mkdir()
     path.write_text(yaml.safe_dump({"state_dir": "s", "engine": OLD_REMOTE, "inboxes": [
         {"path": str(tmp_path), "outbox": str(tmp_path / "out"),
          "failed": str(tmp_path / "failed")}]}))

@@ -3,6 +3,7 @@ and a fake nvidia-smi: no GPU here), and how configured keys override it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import subprocess
@@ -160,6 +161,14 @@ def test_check_config_names_the_layout_and_refuses_a_key_it_cannot_take(
         (tmp_path / name).mkdir()
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    if importlib.util.find_spec("vllm") is None:
+        # check-config's preflight wants vLLM installed (tests/engines/test_preflight.py);
+        # where it is not (./scripts/test --fast), a stand-in package that is never imported
+        fake = tmp_path / "fake-vllm"
+        (fake / "vllm").mkdir(parents=True)
+        (fake / "vllm" / "__init__.py").write_text("raise ImportError('a stand-in')\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake),
+                                                          env.get("PYTHONPATH")]))
 
     def check(vllm: dict) -> subprocess.CompletedProcess:
         path = tmp_path / "config.yaml"

@@ -32,7 +32,8 @@ def test_fake_bug_in_a_check_fails_the_file_as_internal_error(
     cfg = parse_config({"state_dir": str(tmp_path / "state"), "inboxes": [{
         "path": str(inbox), "outbox": str(tmp_path / "out"), "failed": str(tmp_path / "f"),
         "on_success": "keep", "watch": "polling", "quiet_seconds": 0}]}, tmp_path)
-    (tmp_path / "state").mkdir()
+    for folder in ("state", "out", "f"):
+        (tmp_path / folder).mkdir()
     calls = []
 
     def bug(*args: object, **kwargs: object) -> None:

@@ -10,7 +10,6 @@ import pytest
 from ocrd import errors
 from ocrd.config.settings import InboxConfig
 from ocrd.intake.readiness import (
-    CLOSED_SETTLE_SECONDS,
     Changed,
     Claim,
     Forget,
@@ -164,9 +163,10 @@ def test_decide_forgets_a_vanished_file() -> None:
 def test_decide_waits_for_an_incomplete_file_then_gives_up(err) -> None:  # noqa: ANN001
     c = cand_at(0)
     first = decide(c, err, c.entry, 5, 60, now=10)
-    assert first == Wait(report="incomplete", reason=err.reason)
+    assert first == Wait(report="incomplete", reason=err.reason, until=60, fails_then=True)
     c.reported.add("incomplete")
-    assert decide(c, err, c.entry, 5, 60, now=59.9) == Wait(report=None, reason=err.reason)
+    assert decide(c, err, c.entry, 5, 60, now=59.9) == \
+        Wait(report=None, reason=err.reason, until=60, fails_then=True)
     assert decide(c, err, c.entry, 5, 60, now=60) == Claim(error=err)
 
 
@@ -206,31 +206,45 @@ def test_a_file_cut_short_waits_while_its_writer_may_still_write() -> None:
     assert decide(c, NO_EOF, c.entry, 5, 600, now=600) == Claim(info=NO_EOF)
 
 
-def test_a_file_its_writer_closed_is_read_as_it_is_once_settled() -> None:
-    """Closed after writing (or moved in) and unchanged for CLOSED_SETTLE_SECONDS since
-    (writers that close between chunks pause a few seconds): settled. A PDF without
-    %%EOF that reads is converted, one that does not fails — not after 600 s."""
+def test_a_file_cut_short_waits_incomplete_seconds_even_after_its_writer_closed_it() -> None:
+    """A writer that closes the file and pauses before it appends the next chunk (SMB
+    clients, some scanners) is not done: a file that looks cut short and does not read
+    waits incomplete_seconds unchanged, closed or not, then fails. The wait says until
+    when, and that the file fails then. A complete file still goes at once."""
     clock = Clock()
     t = Tracker(5, fast_close=True, clock=clock)
     cand = t.observe(entry("a.pdf"), closed=True)
     assert t.due() == [cand]  # checked at once ...
-    waiting = decide(cand, NO_EOF, cand.entry, 5, 600, clock.t)
-    assert waiting == Wait(report="incomplete", reason="no_trailer",
-                           until=clock.t + CLOSED_SETTLE_SECONDS)
-    t.recheck_later(cand, waiting.until)  # ... and again once it may have settled
-    clock.t += CLOSED_SETTLE_SECONDS - 0.1
+    cut = errors.Truncated("cut")
+    waiting = decide(cand, cut, cand.entry, 5, 60, clock.t)
+    assert waiting == Wait(report="incomplete", reason="truncated", until=clock.t + 60,
+                           fails_then=True)
+    t.recheck_later(cand, waiting.until)  # ... and again when the wait ends
+    clock.t += 59.9  # long past the 10 s a closed file used to be given
     assert t.due() == []
-    assert isinstance(decide(cand, NO_EOF, cand.entry, 5, 600, clock.t), Wait)
+    for probe in (cut, errors.EmptyFile("0")):
+        assert isinstance(decide(cand, probe, cand.entry, 5, 60, clock.t), Wait), probe
     clock.t += 0.1
     assert t.due() == [cand]
-    assert decide(cand, NO_EOF, cand.entry, 5, 600, clock.t) == Claim(info=NO_EOF)
-    cut = errors.Truncated("cut")
-    assert decide(cand, cut, cand.entry, 5, 600, clock.t) == Claim(error=cut)
-    # an empty file is not settled by a close: writers create, close, then fill
-    assert isinstance(decide(cand, errors.EmptyFile("0"), cand.entry, 5, 600, clock.t), Wait)
-    # never longer than incomplete_seconds, nor shorter than the quiet period
-    assert decide(cand, cut, cand.entry, 5, 4, clock.t - CLOSED_SETTLE_SECONDS + 4) == \
-        Claim(error=cut)
-    # written again after the close: no longer settled
+    assert decide(cand, cut, cand.entry, 5, 60, clock.t) == Claim(error=cut)
+    # the writer appends again: the wait starts over
     t.observe(entry("a.pdf", size=99))
-    assert isinstance(decide(cand, cut, cand.entry, 5, 600, clock.t + 10), Wait)
+    assert isinstance(decide(cand, cut, cand.entry, 5, 60, clock.t + 10), Wait)
+    # a complete file that was closed goes at once, quiet period or not
+    whole = t.observe(entry("b.pdf"), closed=True)
+    assert whole in t.due()
+    assert decide(whole, INFO, whole.entry, 5, 60, clock.t) == Claim(info=INFO)
+
+
+def test_a_pdf_that_reads_without_its_trailer_also_waits_incomplete_seconds() -> None:
+    """What a writer closed may read all the same (a PDF's first pages, an image's first
+    rows): a file without its end waits incomplete_seconds, closed or not, and is then
+    read as it is (converted with a warning) — it does not fail."""
+    clock = Clock()
+    t = Tracker(5, fast_close=True, clock=clock)
+    cand = t.observe(entry("a.pdf"), closed=True)
+    waiting = decide(cand, NO_EOF, cand.entry, 5, 60, clock.t)
+    assert waiting == Wait(report="incomplete", reason="no_trailer", until=clock.t + 60,
+                           fails_then=False)
+    assert isinstance(decide(cand, NO_EOF, cand.entry, 5, 60, clock.t + 59.9), Wait)
+    assert decide(cand, NO_EOF, cand.entry, 5, 60, clock.t + 60) == Claim(info=NO_EOF)

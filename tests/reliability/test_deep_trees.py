@@ -167,7 +167,8 @@ def test_a_scan_that_hangs_fake_blocks_neither_the_loop_nor_other_inboxes(
     root = tmp_path
     boxes = []
     for name in ("huge", "small"):
-        (root / name).mkdir()
+        for folder in (name, f"{name}-out", f"{name}-failed"):
+            (root / folder).mkdir()
         boxes.append({"path": str(root / name), "outbox": str(root / f"{name}-out"),
                       "failed": str(root / f"{name}-failed"), "on_success": "delete",
                       "watch": "polling", "quiet_seconds": 0.1, "recursive": True})

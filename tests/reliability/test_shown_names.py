@@ -68,6 +68,8 @@ def test_names_with_control_characters_are_shown_escaped(tmp_path: Path) -> None
 def test_check_config_shows_names_with_control_characters_escaped(tmp_path: Path) -> None:
     """The config file's own name (in the OK line) and a folder's (in a problem)."""
     folder = tmp_path / "in\x1b[2J\nbox\x07"
+    for there in ("out", "failed"):  # the destinations are there: only the inbox is not
+        (tmp_path / there).mkdir()
     config = {"state_dir": str(tmp_path / "state"), "metrics": {"listen": None},
               "web": {"listen": None},
               "inboxes": [{"path": str(folder), "outbox": str(tmp_path / "out"),

@@ -178,7 +178,8 @@ def test_unusable_listen_addresses_are_config_errors(tmp_path: Path, listen: str
 
 def test_check_config_refuses_an_address_not_on_this_host(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "in").mkdir()
+    for folder in ("in", "o", "f"):
+        (tmp_path / folder).mkdir()
     cfg = {"state_dir": str(tmp_path / "s"), "engine": {"kind": "tesseract"},
            "metrics": {"listen": "192.0.2.1:9464"},  # TEST-NET-1: bound, never reached
            "inboxes": [{"path": str(tmp_path / "in"), "outbox": str(tmp_path / "o"),

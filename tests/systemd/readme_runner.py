@@ -182,7 +182,7 @@ def service() -> None:
             raise RuntimeError(f"README line failed: {line}\n{done['out']}")
     r["active"] = run_line("systemctl is-active ocrd", CHECKOUT)["out"].strip()
     t0 = time.monotonic()
-    run_line("cp scan_0042.pdf /srv/scans/inbox/", CHECKOUT)
+    run_line("cp samples/scan_0042.pdf /srv/scans/inbox/", CHECKOUT)  # as the README says
     md = Path("/srv/scans/markdown/scan_0042.md")
     wait(md.exists, 180, str(md))
     st = md.stat()

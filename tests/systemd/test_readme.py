@@ -81,14 +81,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     why = nspawn.unavailable()
     if why:
         cannot_run(why)
-    from helpers import make_pdf, office_open_xml, sentence_lines
+    from helpers import office_open_xml
 
     work = tmp_path_factory.mktemp("readme")
     out, test, checkout, wheels = (work / n for n in ("out", "test", "checkout", "wheels"))
     for folder in (out, test, checkout, wheels):
         folder.mkdir()
-    checkout_copy(checkout)
-    make_pdf(checkout / "scan_0042.pdf", [sentence_lines(42)])  # the README's file
+    checkout_copy(checkout)  # with samples/scan_0042.pdf, the README's file
     office_open_xml(test / "letter.docx", "word")
     for name in NAMES:
         (test / f"{name}.sh").write_text(blocks[name])
@@ -113,7 +112,8 @@ def test_the_readme_marks_its_runnable_blocks() -> None:
     text = (REPO / "README.md").read_text()
     blocks = readme_blocks(text)
     assert blocks["quick-start"].strip() == "./scripts/run-local"
-    assert "cp scan_0042.pdf inbox/" in blocks["quick-start-files"]
+    assert "cp samples/scan_0042.pdf inbox/" in blocks["quick-start-files"]
+    assert (REPO / "samples" / "scan_0042.pdf").is_file()
     assert "systemctl daemon-reload && systemctl enable --now ocrd" in blocks["service"]
     install = text.index("## Install as a systemd service")
     assert text.index("<!-- run: quick-start -->") < install < text.index("<!-- run: service")

@@ -14,12 +14,22 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Daemon, drop, free_port, make_pdf, sentence_lines, wait_for
+from helpers import (
+    Daemon,
+    drop,
+    free_port,
+    make_pdf,
+    recall,
+    sentence_lines,
+    text_image,
+    wait_for,
+)
 from simulated_engines import SIMULATED
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -307,6 +317,103 @@ def test_a_file_being_converted_shows_page_k_of_n_and_its_original(browser,
         shots(browser, "overview-converting", tmp_path)
     finally:
         daemon.stop()
+
+
+def _rendered_width(driver: object, img: object) -> tuple[float, int]:
+    """(width the page image takes on screen in CSS pixels, its own pixels)."""
+    return tuple(driver.execute_script(  # type: ignore[attr-defined, return-value]
+        "return [arguments[0].getBoundingClientRect().width, arguments[0].naturalWidth];",
+        img))
+
+
+def test_zoom_1_to_1_shows_the_image_s_own_pixels_not_the_window_s_width(
+        browser, site: Site) -> None:
+    """"fit the window" shrinks the page to the window; 1:1 gives each image pixel one
+    CSS pixel (wider than the window here: it scrolls in its box); 200 % two."""
+    from selenium.webdriver.common.by import By
+
+    invoice = site.file_id("invoice")
+    widths = {}
+    for zoom in ("fit", "100", "200", "50"):
+        browser.get(f"{site.base}/files/{invoice}/pages/1?zoom={zoom}")
+        full = browser.find_element(By.CSS_SELECTOR, "img.full")
+        wait_for(lambda f=full: browser.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth > 0;", f), 60, zoom)
+        widths[zoom] = _rendered_width(browser, full)
+    box = browser.execute_script(
+        "return document.querySelector('.zoomed').clientWidth;")
+    natural = widths["100"][1]
+    assert natural > box, (natural, box)  # an A4 page at 300 dpi: wider than the window
+    assert widths["fit"][0] <= box + 1, widths
+    assert abs(widths["100"][0] - natural) <= 1, widths
+    assert abs(widths["200"][0] - 2 * natural) <= 2, widths
+    assert abs(widths["50"][0] - natural / 2) <= 1, widths
+    assert "1:1 (100 %)" in text_of(browser, "nav.zoom")
+
+
+def test_turn_this_page_converts_the_file_again_with_the_page_read_that_way(
+        browser, tmp_path: Path) -> None:
+    """A page lying sideways, read as it lies (no orientation detection here): garbage.
+    "Turn this page: 90° clockwise" (the console's CSRF-protected form) puts the file
+    through again; the page is read turned, the Markdown says the words, the sidecar
+    says who turned it, the new results replace the old, and the page shows upright."""
+    from selenium.webdriver.common.by import By
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    lines = sentence_lines(71, 8)
+    sideways = tmp_path / "sideways.png"
+    text_image(lines, (2000, 1000)).rotate(90, expand=True).save(sideways)  # lies on its side
+    root = tmp_path / "d"
+    with Daemon(root, web={"listen": f"127.0.0.1:{port}"},
+                engine={"kind": "tesseract", "tesseract": {"orientation": False}}) as d:
+        d.start()
+        drop(sideways, d.inbox / "sideways.png")
+        wait_for((d.outbox / "sideways.md").exists, 120, "sideways.md")
+        assert recall(lines, (d.outbox / "sideways.md").read_text()) < 0.3  # read as it lies
+        def done_ids() -> list[int]:
+            with urllib.request.urlopen(base + "/api/files?q=sideways&state=done",
+                                        timeout=10) as r:
+                return [f["id"] for f in json.loads(r.read())["files"]]
+
+        (first,) = wait_for(done_ids, 30, "its row done")
+        browser.get(f"{base}/files/{first}/pages/1")
+        assert "Turn this page" in text_of(browser, "#turn")
+        check_page(browser, "page-turn")
+        browser.find_element(By.CSS_SELECTOR, "#turn button[value='90']").click()
+        wait_for(lambda: "read turned 90°" in text_of(browser, "#flash"), 20, "the message")
+        assert "converted again" in text_of(browser, "#flash")
+
+        def again() -> bool:
+            claims = [e for e in d.events("file_converted") if e["file"] == "sideways.png"]
+            return len(claims) == 2
+        wait_for(again, 120, "the second conversion")
+        text = (d.outbox / "sideways.md").read_text()
+        meta = json.loads((d.outbox / "sideways.json").read_text())
+        assert recall(lines, text) >= 0.9, text
+        assert meta["pages"][0]["rotation"] == 90 and meta["pages"][0]["turned_by"] == "hand"
+        assert sorted(p.name for p in d.outbox.iterdir()) == ["sideways.json", "sideways.md"]
+        assert [p.name for p in d.archive.iterdir()] == ["sideways.png"]
+        newest = wait_for(lambda: len(ids := done_ids()) == 2 and max(ids), 30, "the new row")
+        assert newest != first
+        browser.get(f"{base}/files/{newest}/pages/1?zoom=100")
+        assert "turned 90° by hand" in text_of(browser, "#rotation-note")
+        full = browser.find_element(By.CSS_SELECTOR, "img.full")
+        wait_for(lambda: browser.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth > 0;", full), 60, "img")
+        w, h = browser.execute_script(
+            "return [arguments[0].naturalWidth, arguments[0].naturalHeight];", full)
+        assert w > h, (w, h)  # shown upright: as wide as the text lines, not on its side
+        # a form without the CSRF token is refused
+        req = urllib.request.Request(f"{base}/files/{newest}/pages/1/turn",
+                                     data=b"rotation=180", method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            raise AssertionError("a turn without the CSRF token was taken")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
+        assert len([e for e in d.events("file_claimed")
+                    if e["file"] == "sideways.png"]) == 2
 
 
 # -- 4. actions -----------------------------------------------------------------------------

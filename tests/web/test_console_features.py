@@ -107,7 +107,11 @@ def test_a_damaged_index_is_rebuilt(tmp_path: Path) -> None:
 
 
 def test_the_indexer_fills_the_index_and_the_console_answers(site) -> None:
-    wait_for(lambda: site.json("/api/search?q=quarterly")["total"] == 1, 30, "indexed")
+    def indexed() -> bool:  # 400 "being built" until the indexer has made the index
+        status, _, body = site.get("/api/search?q=quarterly")
+        return status == 200 and json.loads(body)["total"] == 1
+
+    wait_for(indexed, 30, "indexed")
     hit = site.json("/api/search?q=quarterly")["hits"][0]
     assert hit["page"] == 1 and hit["file"]["id"] == site.ids["done"]
     assert "<mark>quarterly</mark>" in hit["snippet"]
@@ -382,7 +386,8 @@ def test_waiting_files_say_why_and_until_when(tmp_path: Path) -> None:
 
     tracker.observe(entry("new.pdf", 10))
     empty = tracker.observe(entry("empty.pdf", 0))
-    empty.why = "empty"
+    # as the intake loop records its check's decision (readiness.Wait)
+    empty.why, empty.until, empty.fails_then = "empty", clock[0] + 600, True
     wall = time.time()
     got = {w.name: w for w in waiting_files(inbox, True, clock[0] + 1, wall)}
     assert got["new.pdf"].reason == "changing" and abs(got["new.pdf"].until - (wall + 4)) < 1
@@ -457,9 +462,13 @@ def test_the_chart_caption_agrees_with_the_running_bar(tmp_path: Path) -> None:
         elapsed = max(60.0, before - before // CHART_BUCKET * CHART_BUCKET)
         finished = site.json(f"/api/files/{job}")["file"]["finished"]
         expected = 120 / elapsed if finished // CHART_BUCKET == before // CHART_BUCKET else 0
-        shown = float(re.search(r"now ([0-9.]+)\)", html).group(1))
+        since = time.strftime("%H:%M", time.localtime(before // CHART_BUCKET * CHART_BUCKET))
+        shown = float(re.search(rf"the last bar, since {since}: ([0-9.]+)\)", html).group(1))
         assert abs(shown - expected) < 0.05 + expected * 0.1, (shown, expected)
-        assert "10-minute averages" in html and "over the last minute" in html
+        # two figures, two spans, each named: no "now" beside "over the last minute"
+        assert "pages/s in each 10 minutes of the last 6 hours" in html
+        caption = re.search(r'id="chart-caption">([^<]*)<', html).group(1)
+        assert "pages/s over the last minute" in html and "now" not in caption, caption
     finally:
         site.stop()
 

@@ -30,6 +30,8 @@ class World:
         self.inbox.mkdir()
         self.state = tmp_path / "state"
         self.state.mkdir()
+        for folder in ("outbox", "failed", "archive"):
+            (tmp_path / folder).mkdir()
         self.box = InboxConfig(path=self.inbox, outbox=tmp_path / "outbox",
                                failed=tmp_path / "failed", archive=tmp_path / "archive",
                                on_success="archive", watch="polling")

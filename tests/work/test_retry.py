@@ -115,3 +115,30 @@ def test_cli_retry_without_a_daemon(site, tmp_path: Path) -> None:
     assert proc.returncode == 1 and "no longer in the configuration" in proc.stderr
     proc = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2  # FILE, --all or --reason is required
+
+
+@pytest.mark.e2e
+def test_cli_retry_with_nothing_to_retry_exits_1_however_it_was_asked(site,
+                                                                       tmp_path: Path) -> None:
+    """A FILE, --reason and --all that match no failed file (and a config whose daemon
+    never ran) all end the same way: exit 1, "nothing to retry", and why."""
+    config = _config(site, tmp_path)
+    run = [sys.executable, "-m", "ocrd", "retry", "-c", str(config)]
+    first = subprocess.run([*run, "--reason", "unsupported_format"], capture_output=True,
+                           text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    for asked, why in ((["sub/broken.pdf"], "no failed file matches"),
+                       (["--reason", "unsupported_format"],
+                        "no failed file has the reason 'unsupported_format'"),
+                       (["--reason", "encrypted"], "no failed file has the reason")):
+        proc = subprocess.run([*run, *asked], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1, (asked, proc.stderr)
+        assert f"ocrd: nothing to retry: {why}" in proc.stderr, (asked, proc.stderr)
+    never = tmp_path / "never.yaml"
+    never.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "no-state"), "inboxes": []}))
+    proc = subprocess.run([sys.executable, "-m", "ocrd", "retry", "-c", str(never), "--all"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "nothing to retry: no journal" in proc.stderr, proc.stderr
+    helped = subprocess.run([sys.executable, "-m", "ocrd", "retry", "--help"],
+                            capture_output=True, text=True, timeout=60).stdout
+    assert "1 nothing to retry" in " ".join(helped.split())
