@@ -73,18 +73,3 @@ async def detect(run: Runner, page: PageRequest, min_confidence: float) -> int:
 
 def turn(image: Image.Image, angle: int) -> Image.Image:
     return image.transpose(_TURN[angle]) if angle in _TURN else image
-
-
-def unturn(box: tuple[int, int, int, int], angle: int,
-           size: tuple[int, int]) -> tuple[int, int, int, int]:
-    """A box (left, top, right, bottom) found on the page turned clockwise by `angle`, on
-    the page as it was given (`size`: its width and height)."""
-    left, top, right, bottom = box
-    width, height = size
-    if angle == 90:
-        return top, height - right, bottom, height - left
-    if angle == 180:
-        return width - right, height - bottom, width - left, height - top
-    if angle == 270:
-        return width - bottom, left, width - top, right
-    return box

@@ -27,7 +27,7 @@ from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
 from ocrd.layout import page as layout
 from ocrd.layout.reading import Ink, Reading
-from ocrd.outputs.page import PageOutput, Word
+from ocrd.outputs.page import PageOutput, Word, unturn
 from ocrd.render import modes
 
 log = structlog.get_logger("ocrd.engine.tesseract")
@@ -137,7 +137,7 @@ class TesseractEngine(Engine):
                                                        turned_image)
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
-            words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
+            words = [replace(w, box=unturn(w.box, rotation, size)) for w in words]
         return PageOutput(text=text, finish_reason="stop",
                           tokens=sum(len(line.tokens) for line in reading.lines),
                           seconds=time.monotonic() - t0, started_at=started,

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 from ocrd import __version__
 from ocrd.outputs import markdown
 from ocrd.outputs.page import PageOutput, Word
-from ocrd.outputs.textlayer import block_text
+from ocrd.outputs.textlayer import block_text, grid_boxes
 from ocrd.outputs.writers import Document, OutputSettings, Writer
 from ocrd.render.pixels import RenderedPage
 
@@ -172,7 +172,8 @@ def page_hocr(number: int, out: PageOutput, rendered: RenderedPage,
             if not boxes:
                 loose.extend(lines)
                 continue
-            gx0, gy0, gx1, gy1 = _union(tuple(round(v) for v in b) for b in boxes)
+            gx0, gy0, gx1, gy1 = _union(tuple(round(v) for v in b)
+                                        for b in grid_boxes(boxes, out.rotation))
             box = (round(gx0 * w / _GRID), round(gy0 * h / _GRID),
                    round(gx1 * w / _GRID), round(gy1 * h / _GRID))
             page.block(_stacked(lines, box))

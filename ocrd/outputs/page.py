@@ -42,3 +42,18 @@ class PageOutput:
     extra: dict = field(default_factory=dict)
     # the page's words with their boxes, where the engine gives them (None: no geometry)
     words: list[Word] | None = None
+
+
+def unturn(box: tuple[int, int, int, int], angle: int,
+           size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """A box (left, top, right, bottom) found on the page turned clockwise by `angle`, on
+    the page as it was given (`size`: its width and height)."""
+    left, top, right, bottom = box
+    width, height = size
+    if angle == 90:
+        return top, height - right, bottom, height - left
+    if angle == 180:
+        return width - right, height - bottom, width - left, height - top
+    if angle == 270:
+        return width - bottom, left, width - top, right
+    return box

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ocrd.outputs import markdown
-from ocrd.outputs.page import PageOutput, Word
+from ocrd.outputs.page import PageOutput, Word, unturn
 
 # tesseract's glyph-less font (tessdata/pdf.ttf, Apache-2.0 like ocrd): one empty glyph,
 # 500 units wide on a 1000-unit em, ascent 1000, descent 0.
@@ -180,15 +180,25 @@ def _grid_box(boxes: list[tuple[float, float, float, float]]) -> tuple[float, ..
     return (min(xs), 1 - max(ys), max(xs), 1 - min(ys))
 
 
-def blocks_layer(fonts: FontMap, raw: str) -> tuple[str, list[str]]:
-    """Every text block of DeepSeek-OCR-2's tag stream inside its box; figures are left
-    out. Returns the operators and the lines of text that came without a box."""
+def grid_boxes(boxes: list, rotation: int | None) -> list:
+    """A grounding block's boxes (0..999 of the image the model read) on the page as
+    given, when the page was turned clockwise by `rotation` before it was read."""
+    if not rotation:
+        return boxes
+    return [unturn(tuple(round(v) for v in b), rotation, (_GRID, _GRID)) for b in boxes]
+
+
+def blocks_layer(fonts: FontMap, raw: str, rotation: int | None = None
+                 ) -> tuple[str, list[str]]:
+    """Every text block of DeepSeek-OCR-2's tag stream inside its box (on the page as
+    given: `rotation` turns the boxes of a page read turned back); figures are left out.
+    Returns the operators and the lines of text that came without a box."""
     ops, loose = [], []
     for label, boxes, content in markdown.text_blocks(raw):
         if label == "image":
             continue
         lines = block_text(content)
-        box = _grid_box(boxes) if boxes else None
+        box = _grid_box(grid_boxes(boxes, rotation)) if boxes else None
         if box is None:
             loose.extend(lines)
         else:
@@ -205,7 +215,7 @@ def page_layer(fonts: FontMap, out: PageOutput, width: int, height: int,
     if out.words is not None:
         placement, ops = "words", words_layer(fonts, out.words, width, height)
     elif grounding:
-        ops, loose = blocks_layer(fonts, out.text)
+        ops, loose = blocks_layer(fonts, out.text, out.rotation)
         placement = "blocks" if ops else "page"
     else:
         placement, ops, loose = "page", "", out.text.splitlines()

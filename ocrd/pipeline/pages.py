@@ -25,7 +25,7 @@ from ocrd import errors
 from ocrd.engines import orientation
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import modeltext
-from ocrd.outputs.page import PageOutput
+from ocrd.outputs.page import PageOutput, unturn
 from ocrd.pipeline import budget
 from ocrd.render import pages, pixels
 
@@ -195,7 +195,7 @@ class DocumentPages:
             if turn is not None:  # read turned by hand: say so, boxes on the page as given
                 out.rotation = turn
                 if out.words:
-                    out.words = [replace(w, box=orientation.unturn(
+                    out.words = [replace(w, box=unturn(
                         w.box, turn, (size.width, size.height))) for w in out.words]
             self.unfinished -= 1
             if (doc := conv.documents.get(id(self.src))) is not None:

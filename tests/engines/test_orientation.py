@@ -15,6 +15,7 @@ from PIL import Image
 
 from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.tesseract import pnm
+from ocrd.outputs.page import unturn
 
 PAGES = [sentence_lines(60 + i, 14) for i in range(3)]
 
@@ -85,7 +86,7 @@ def test_word_boxes_on_a_turned_page_land_on_the_page_as_given() -> None:
         turned = orientation.turn(page, angle)
         tx, ty = next((i, j) for i in range(turned.width) for j in range(turned.height)
                       if turned.getpixel((i, j)) == 0)
-        assert orientation.unturn((tx, ty, tx + 1, ty + 1), angle, (width, height)) == \
+        assert unturn((tx, ty, tx + 1, ty + 1), angle, (width, height)) == \
             (x, y, x + 1, y + 1), angle
 
 

@@ -195,3 +195,22 @@ def test_the_daemon_writes_hocr_and_the_console_offers_it(tmp_path: Path) -> Non
     assert body == (d.outbox / "note.hocr").read_bytes()
     assert ctype == "application/octet-stream"  # a download, never a page of the console
     assert f'href="/files/{job["id"]}/download/hocr"' in review and "hOCR (.hocr)" in review
+
+
+def test_a_page_read_turned_has_its_grounding_boxes_on_the_page_as_given() -> None:
+    """A page turned by hand before DeepSeek-OCR-2 read it (the console's "turn this
+    page"): the model's boxes are on the turned image; hOCR and the PDF's text layer put
+    them back on the page as it is in the file."""
+    from ocrd.outputs.textlayer import grid_boxes
+
+    grounded = ("<|ref|>text<|/ref|><|det|>[[100, 50, 900, 100]]<|/det|>\n"
+                "A line across the turned page")
+    # turned 90° clockwise to be read: on the page as given the line runs down its left
+    assert grid_boxes([[100, 50, 900, 100]], 90) == [(50, 99, 100, 899)]
+    assert grid_boxes([[100, 50, 900, 100]], None) == [[100, 50, 900, 100]]
+    doc = page_hocr(1, PageOutput(grounded, rotation=90), rendered(999, 999, 72),
+                    grounding=True)
+    boxes = [tuple(map(int, m.groups())) for m in re.finditer(
+        r'class="ocrx_word" id="[^"]+" title="bbox (\d+) (\d+) (\d+) (\d+)', doc)]
+    assert boxes and all(50 <= b[0] and b[2] <= 100 and 99 <= b[1] and b[3] <= 899
+                         for b in boxes), boxes
