@@ -45,6 +45,8 @@ CREATE INDEX IF NOT EXISTS jobs_path ON jobs(inbox, relpath);
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished);
 CREATE INDEX IF NOT EXISTS jobs_state_finished ON jobs(state, finished);
 CREATE INDEX IF NOT EXISTS jobs_reason ON jobs(reason);
+-- (inbox, id): an inbox's rows newest first, as the console lists them, without a sort
+CREATE INDEX IF NOT EXISTS jobs_inbox ON jobs(inbox);
 """
 
 # Columns added after the first release; an older journal gets them at open.
@@ -64,6 +66,11 @@ DISMISSED = "dismissed"
 _UNWRITABLE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN",
                "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL")
 _CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+# SQLite's integers are 64-bit and signed: no row has an id beyond this, and a larger
+# number (an id or an offset from a URL) would not even reach SQLite (OverflowError).
+MAX_INTEGER = 2**63 - 1
 
 
 class JournalUnwritable(OSError):
@@ -261,6 +268,9 @@ class Journal:
 
     @_guarded
     def get(self, job_id: int) -> Job | None:
+        """The row, or None (also for an id no row can have: a URL's id is anything)."""
+        if not 0 <= job_id <= MAX_INTEGER:
+            return None
         return self._one("WHERE id=?", job_id)
 
     @_guarded
