@@ -19,6 +19,7 @@ import pytest
 from console_site import build
 from helpers import wait_for
 
+from ocrd import names
 from ocrd.config.load import parse_config
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.waiting import waiting_files
@@ -237,6 +238,26 @@ def test_upload_form_needs_csrf_and_writes_into_the_inbox_only(site) -> None:
     body, ctype = _multipart({"csrf": csrf, "inbox": "/etc"}, "x.pdf", b"%PDF-1.4 x")
     status, headers, _ = site.request("POST", "/upload", body, {"Content-Type": ctype})
     assert status == 303 and not Path("/etc/x.pdf").exists()
+
+
+def test_an_upload_name_is_shown_by_the_one_escaping_rule(site) -> None:
+    """A right-to-left override turns "invoice\u202efdp.exe" into "invoiceexe.pdf" on
+    screen: an upload's name loses what names.printable escapes, and the confirmation
+    shows names through printable, as every other page does."""
+    inbox = site.cfg.inboxes[0].path
+    csrf = site.json("/api/status")["csrf"]
+    hostile = "invoice\u202efdp\u2066.pdf"
+    body, ctype = _multipart({"csrf": csrf, "inbox": str(inbox)}, hostile, b"%PDF-1.4 x")
+    status, headers, _ = site.request("POST", "/upload", body, {"Content-Type": ctype})
+    assert status == 303 and headers["location"] == "/files?state=waiting"
+    text = _flash(headers)["text"]
+    assert "\u202e" not in text and "\u2066" not in text, text
+    assert names.printable(text) == text
+    [saved] = [p.name for p in inbox.iterdir()]
+    assert saved == "invoicefdp.pdf" and saved in text
+    cookie = headers["set-cookie"].split(";")[0]
+    _, _, page = site.get("/files?state=waiting", Cookie=cookie)
+    assert "invoicefdp.pdf" in page.decode() and "\u202e" not in page.decode()
 
 
 def test_upload_larger_than_the_limit_is_refused_before_reading(tmp_path: Path) -> None:
