@@ -121,6 +121,55 @@ def test_the_indexer_fills_the_index_and_the_console_answers(site) -> None:
     assert site.get("/api/search?q=x&limit=0")[0] == 400
 
 
+def _open_deleted(path: Path) -> list[str]:
+    """This process's descriptors on a deleted file that was at path (or its -wal)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(path)) and target.endswith(" (deleted)"):
+                out.append(target)
+    return out
+
+
+def test_a_deleted_index_comes_back_frees_its_space_and_every_thread_sees_it(
+        tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from console_site import _done
+
+    from ocrd.work.journal import Journal
+
+    site = build(tmp_path)
+    try:
+        path = site.cfg.state_dir / "search.sqlite3"
+        wait_for(lambda: site.json("/api/search?q=quarterly")["total"] == 1, 30, "indexed")
+        with ThreadPoolExecutor(8) as pool:  # several console threads hold a connection
+            assert all(t == 1 for t in pool.map(
+                lambda _: site.json("/api/search?q=quarterly")["total"], range(32)))
+        before = os.stat(path).st_ino
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + suffix).unlink()
+        journal = Journal(site.cfg.state_dir / "journal.sqlite3")
+        _done(journal, site.cfg.inboxes[0], "later.pdf", "A zeppelin arrived afterwards.")
+        journal.close()
+        # within an indexer round (2 s): a new index, filled from the journal again
+        wait_for(lambda: path.exists() and os.stat(path).st_ino != before, 15,
+                 "the index made anew")
+        wait_for(lambda: site.json("/api/search?q=zeppelin")["total"] == 1, 15,
+                 "the new index filled")
+        with ThreadPoolExecutor(8) as pool:
+            totals = list(pool.map(lambda w: site.json(f"/api/search?q={w}")["total"],
+                                   ["zeppelin", "quarterly"] * 16))
+        assert totals == [1] * 32, totals
+        # the deleted file is let go of: its space comes back (console threads that do
+        # not search again let go of theirs when they end, idle)
+        wait_for(lambda: not _open_deleted(path), 40, "no descriptor on the deleted index")
+    finally:
+        site.stop()
+
+
 def test_the_indexer_steps_past_rows_it_cannot_read(tmp_path: Path) -> None:
     """A done row whose Markdown is gone is skipped; the rest are indexed once."""
     from ocrd.work.journal import Job
