@@ -287,6 +287,23 @@ class Journal:
             (to_db(inbox), to_db(relpath), size, mtime_ns)).fetchone()
         return row is not None
 
+    @_guarded
+    def kept_among(self, inbox: str, keys: list[tuple[str, int, int]]
+                   ) -> set[tuple[str, int, int]]:
+        """`is_kept` for many (relpath, size, mtime_ns) at once: those kept."""
+        wanted = set(keys)
+        found: set[tuple[str, int, int]] = set()
+        for start in range(0, len(keys), 500):  # SQLite's bound parameters per statement
+            chunk = [to_db(k[0]) for k in keys[start:start + 500]]
+            marks = ",".join("?" * len(chunk))
+            for relpath, size, mtime_ns in self.db.execute(
+                    "SELECT relpath, size, mtime_ns FROM jobs WHERE inbox=? AND kept=1 AND "
+                    f"state='done' AND relpath IN ({marks})", (to_db(inbox), *chunk)):
+                key = (from_db(relpath), size, mtime_ns)
+                if key in wanted:
+                    found.add(key)
+        return found
+
     def counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
 
