@@ -13,7 +13,8 @@ Each run is the real daemon (`service.daemon.Daemon`, the console on) in this pr
 on a fresh inbox of N one-page PNGs (hard links to a few distinct ones: the files cost
 no disk). A ticker on the daemon's loop wakes every 2 ms; its worst lateness in the
 window is the longest the loop was blocked; the rescans run twice (three times in full)
-on the same inbox, the least blocked round counting (a busy machine only adds).
+on the same inbox, the least blocked round counting (a busy machine only adds); the
+same ticker's worst lateness alone, before the daemon starts, is the machine's noise.
 Meanwhile a thread asks the console's /api/status every 0.25 s, as a browser's overview
 does, and counts the answers in which the daemon did not answer within its second ("the
 daemon does not answer").
@@ -44,6 +45,7 @@ RESCAN_SECONDS = 3.0
 BASELINE_FILES = 1_000
 SIZES = (50_000, 200_000)
 DISTINCT = 64  # distinct images the backlog's files are links to
+IDLE_SECONDS = 2.0  # the ticker alone before the daemon starts
 
 
 class Ticker:
@@ -136,6 +138,9 @@ async def _run_daemon(root: Path, files: int, quiet: float, seconds: float
     daemon = Daemon(parse_config(raw, root))
     ticker = Ticker()
     ticker.start()
+    idle_from = time.monotonic()
+    await asyncio.sleep(IDLE_SECONDS)  # the ticker alone: the machine's own noise
+    idle = ticker.between(idle_from, time.monotonic())
     serving = asyncio.create_task(daemon.serve(), name="daemon")
     t_start = time.monotonic()
 
@@ -180,7 +185,9 @@ async def _run_daemon(root: Path, files: int, quiet: float, seconds: float
             "first_scan_blocked_ms": round(max(first, default=0.0) * 1000, 1),
             "status_asked": poller.asked, "status_no_daemon": poller.no_daemon,
             "status_errors": poller.errors,
-            "status_slowest_ms": round(poller.slowest * 1000, 1)}
+            "status_slowest_ms": round(poller.slowest * 1000, 1),
+            "idle_noise_ms": round(max(idle, default=0.0) * 1000, 1),
+            "load_average": round(os.getloadavg()[0], 2)}
 
 
 def backlog_run(files: int, seconds: float, converting: bool, rounds: int = 1
@@ -205,7 +212,8 @@ def backlog_run(files: int, seconds: float, converting: bool, rounds: int = 1
          f"(rounds {row['rounds_blocked_ms']}; p99 {row['p99_ms']} ms, {row['over_50ms']} "
          f"ticks over 50 ms; first scan {row['first_scan_blocked_ms']} ms), "
          f"{row['files_per_s']} files/s, console: {row['status_no_daemon']} of "
-         f"{row['status_asked']} without the daemon, {row['rescans']} rescans")
+         f"{row['status_asked']} without the daemon, {row['rescans']} rescans; idle "
+         f"noise {row['idle_noise_ms']} ms, load {row['load_average']}")
     return row
 
 

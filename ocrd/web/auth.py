@@ -113,7 +113,7 @@ def _loopback_host(host: str) -> bool:
 
 
 class Guard:
-    """ASGI middleware: host check, token check, security headers."""
+    """ASGI middleware: host check, token check, bounded bodies, security headers."""
 
     def __init__(self, app: ASGIApp, token: str | None, secret: bytes,
                  loopback: bool, upload_limit: Callable[[], int] = lambda: 0) -> None:
