@@ -25,7 +25,7 @@ from bench.harness import (
     PAGE_DESIGNS,
     PAGE_KINDS,
     ROOT,
-    SIMULATED,
+    SIMULATED_ENGINE,
     DaemonProcess,
     TreeRss,
     daemon_config,
@@ -42,9 +42,9 @@ from bench.harness import (
 
 DPI = 144
 # The simulated engine as configured by default: a batching GPU doing ~15 pages/s.
-SIMULATED: dict[str, Any] = {"kind": SIMULATED}
+SIMULATED: dict[str, Any] = {"kind": SIMULATED_ENGINE}
 # Zero engine time: what is left is the daemon's own per-file and per-page work.
-INSTANT: dict[str, Any] = {"kind": SIMULATED, "options": {"instant": True}}
+INSTANT: dict[str, Any] = {"kind": SIMULATED_ENGINE, "options": {"instant": True}}
 
 
 @dataclass

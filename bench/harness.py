@@ -30,7 +30,7 @@ for _path in (ROOT / "tests", ROOT):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from simulated_engines import SIMULATED  # noqa: E402, F401 - the benchmarks' engine
+from simulated_engines import SIMULATED as SIMULATED_ENGINE  # noqa: E402, F401 - the engine
 
 from tests.daemon_process import DaemonProcess as SharedDaemon  # noqa: E402
 from tests.daemon_process import wait_for as shared_wait_for  # noqa: E402

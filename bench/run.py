@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cases import CASES, Result  # noqa: E402
 from bench.console import CONSOLE_CASES  # noqa: E402
 from bench.harness import OUT, ROOT  # noqa: E402
+from bench.intake import INTAKE_CASES  # noqa: E402
 from bench.search import SEARCH_CASES  # noqa: E402
 from bench.structure import STRUCTURE_CASES  # noqa: E402
 from bench.worst_text import WORST_TEXT_CASES  # noqa: E402
@@ -114,6 +115,23 @@ def summary(r: Result) -> str:
         return (f"loop blocked {d['blocked_ms']} ms at most (rounds {d['rounds_blocked_ms']}"
                 f", idle noise {d['rounds_idle_noise_ms']}), {d['answer_chars']:,} chars, "
                 f"{d['outcome']}")
+    if r.name == "console_p95_vs_300ms_100k_rows":
+        worst = d["queries"][d["worst"]]
+        return f"{d['rows']:,} rows; worst p95 {worst['p95_ms']} ms: {d['worst']}"
+    if r.name.startswith("intake_rescan"):
+        b, base = d["backlog"], d["baseline"]
+        return (f"{b['files']:,} files: loop blocked {b['blocked_ms']} ms at most (p99 "
+                f"{b['p99_ms']}; first scan {b['first_scan_blocked_ms']}), "
+                f"{b['status_no_daemon']} of {b['status_asked']} status answers without the "
+                f"daemon; 1,000 files: {base['blocked_ms']} ms; idle noise "
+                f"{b.get('idle_noise_ms')} ms, load {b.get('load_average')}")
+    if r.name.startswith("intake_files"):
+        b, base = d["backlog"], d["baseline"]
+        return (f"{b['files']:,} files: {b['files_per_s']} files/s vs 1,000 files: "
+                f"{base['files_per_s']}; loop blocked {b['blocked_ms']} ms at most (p99 "
+                f"{b['p99_ms']}) vs {base['blocked_ms']} ms (p99 {base['p99_ms']}), "
+                f"{b['status_no_daemon']} of {b['status_asked']} status answers without "
+                "the daemon")
     if r.name.startswith("small_vs_large"):
         return f"small {d['small_seconds']} s, large {d['big_seconds']} s"
     return ""
@@ -123,6 +141,7 @@ CASES.update(CONSOLE_CASES)
 CASES.update(STRUCTURE_CASES)
 CASES.update(SEARCH_CASES)
 CASES.update(WORST_TEXT_CASES)
+CASES.update(INTAKE_CASES)
 
 
 def main(argv: list[str] | None = None) -> int:

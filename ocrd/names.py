@@ -60,7 +60,9 @@ def _escaped(ch: str) -> str:
     return f"\\u{code:04x}"
 
 
-def _control(ch: str) -> bool:
+def is_control(ch: str) -> bool:
+    """A character `printable` escapes: a control character, a line or paragraph
+    separator, or one that reorders text (bidirectional overrides …)."""
     return unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ord(ch) in _BIDI
 
 
@@ -69,7 +71,7 @@ def printable(text: str) -> str:
     text = shown(text)
     if text.isprintable():
         return text
-    return "".join(_escaped(ch) if _control(ch) else ch for ch in text)
+    return "".join(_escaped(ch) if is_control(ch) else ch for ch in text)
 
 
 def to_db(name: str) -> str | bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
 import urllib.error
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.container, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = "localhost/debian:bookworm"  # made here: mmdebstrap, podman import
-IMAGE = "localhost/ocrd-test"
+IMAGE = f"localhost/ocrd-test-{os.getpid()}"  # its own: sessions side by side
 UID, GID = 1234, 2345  # the NAS share's owner, as compose.yaml's PUID/PGID say
 ARTIFACTS = Path(os.environ.get("OCRD_TEST_ARTIFACTS") or REPO / "test-artifacts")
 # podman's defaults fail on these machines (notes: crun's rlimits, cgroups v1 hybrid)
@@ -209,3 +210,134 @@ def test_a_file_dropped_in_comes_out_owned_by_the_configured_ids(
     assert stop.returncode == 0 and code == "0", (code, logs.stdout[-3000:])
     assert '"event": "stopped"' in logs.stdout + logs.stderr
     assert "Traceback" not in logs.stdout + logs.stderr
+
+
+# -- the entrypoint as root, in the image: links, ids, the folders compose makes ------------
+
+def _nas(tmp_path: Path, owned: bool) -> Path:
+    """The folders compose.yaml mounts; `owned`: the share's (else root's, empty, 0755,
+    as compose creates a missing one)."""
+    project = tmp_path / "nas"
+    for volume in compose_service()["volumes"]:
+        folder = project / volume.split(":")[0]
+        folder.mkdir(parents=True)
+        os.chmod(folder, 0o755)
+        if owned:
+            os.chown(folder, UID, GID)
+    return project
+
+
+def _start(built: Built, project: Path, ids: tuple[int, int],
+           extra_env: dict[str, str] | None = None) -> tuple[str, str]:
+    """`podman run` as compose.yaml says, with these PUID:PGID; (name, console URL)."""
+    service = compose_service()
+    env_args = []
+    for key, value in {**service["environment"], "PUID": str(ids[0]), "PGID": str(ids[1]),
+                       **(extra_env or {})}.items():
+        env_args += ["-e", f"{key}={value}"]
+    volume_args = []
+    for volume in service["volumes"]:
+        host, inside = volume.split("#")[0].strip().split(":")
+        volume_args += ["-v", f"{(project / host).resolve()}:{inside}"]
+    port = free_port()
+    name = f"ocrd-test-{uuid.uuid4().hex[:8]}"
+    run(*PODMAN, "run", "-d", "--name", name, *env_args, *volume_args,
+        "-p", f"127.0.0.1:{port}:9465", built.image, env=built.env)
+    return name, f"http://127.0.0.1:{port}"
+
+
+def _exited(built: Built, name: str, timeout: float = 60) -> bool:
+    """Whether the container has ended by itself within the timeout."""
+    def ended() -> bool:
+        return run(*PODMAN, "inspect", "--format", "{{.State.Running}}", name,
+                   env=built.env, check=False).stdout.strip() == "false"
+    try:
+        wait_for(ended, timeout, "the container to end")
+    except AssertionError:
+        return False
+    return True
+
+
+def _finish(built: Built, name: str) -> tuple[str, str]:
+    """Stop and remove the container; (exit code, its log)."""
+    run(*PODMAN, "stop", "--time", "30", name, env=built.env, check=False)
+    code = run(*PODMAN, "inspect", "--format", "{{.State.ExitCode}}", name,
+               env=built.env, check=False).stdout.strip()
+    logs = run(*PODMAN, "logs", name, env=built.env, check=False)
+    run(*PODMAN, "rm", "--force", name, env=built.env, check=False)
+    return code, logs.stdout + logs.stderr
+
+
+def test_a_link_planted_in_config_is_not_followed_by_the_root_entrypoint(
+        built: Built, tmp_path: Path) -> None:
+    """/config belongs to PUID: whoever runs as PUID can plant `web-token ->
+    /etc/ld.so.preload`; the start must neither create that file as root nor hand it
+    to PUID (a way to root at the next start)."""
+    project = _nas(tmp_path, owned=True)
+    config = project / "config"
+    os.chown(config, UID, GID)
+    for name in ("web-token", "config.yaml"):
+        link = config / name
+        os.symlink("/etc/ld.so.preload", link)
+        os.lchown(link, UID, GID)
+        container, _ = _start(built, project, (UID, GID))
+        try:
+            ended = _exited(built, container)
+            changed = run(*PODMAN, "diff", container, env=built.env).stdout
+        finally:
+            code, logs = _finish(built, container)
+        assert ended and code != "0", (code, logs[-3000:])
+        assert "symbolic link" in logs, logs[-3000:]
+        assert "ld.so.preload" not in changed, changed
+        assert os.readlink(link) == "/etc/ld.so.preload"
+        link.unlink()
+
+
+def test_root_ids_are_refused_in_the_container(built: Built, tmp_path: Path) -> None:
+    project = _nas(tmp_path, owned=True)
+    container, _ = _start(built, project, (0, 0))
+    try:
+        ended = _exited(built, container)
+    finally:
+        code, logs = _finish(built, container)
+    assert ended and code != "0" and "OCRD_RUN_AS_ROOT=yes" in logs, (code, logs[-3000:])
+    assert not (project / "config" / "web-token").exists()
+
+
+def test_compose_made_folders_are_the_groups_and_a_puid_change_is_followed(
+        built: Built, tmp_path: Path) -> None:
+    """The folders compose creates (root's, 0755, empty) become PUID:PGID's, writable for
+    the group and setgid (a scanner account in the group drops files into inbox/). Then
+    the container starts again with other ids: it takes ocrd's own files along (the
+    token was unreadable to the new user: a restart loop) and says what else to do."""
+    project = _nas(tmp_path, owned=False)
+    container, base = _start(built, project, (UID, GID))
+    try:
+        wait_for(lambda: http(base + "/healthz")[0] == 200, 120, "the console")
+    finally:
+        code, logs = _finish(built, container)
+    assert code == "0", logs[-3000:]
+    for name in ("inbox", "outbox", "failed", "archive"):
+        st = (project / name).stat()
+        assert (st.st_uid, st.st_gid) == (UID, GID), name
+        assert stat.S_IMODE(st.st_mode) == 0o2775, (name, oct(st.st_mode))
+    token = project / "config" / "web-token"
+    assert (token.stat().st_uid, token.stat().st_gid) == (UID, GID)
+
+    new = (UID + 100, GID + 100)
+    container, base = _start(built, project, new)
+    try:
+        wait_for(lambda: http(base + "/healthz")[0] == 200, 120,
+                 "the console after the PUID change")
+        restarts = run(*PODMAN, "inspect", "--format", "{{.RestartCount}}", container,
+                       env=built.env).stdout.strip()
+    finally:
+        code, logs = _finish(built, container)
+    assert code == "0" and restarts == "0", logs[-3000:]
+    assert (token.stat().st_uid, token.stat().st_gid) == new
+    journal = project / "config" / "state" / "journal.sqlite3"
+    assert (journal.stat().st_uid, journal.stat().st_gid) == new
+    assert f"it was {UID}:{GID}" in logs, logs[-3000:]
+    # the share's folders are the earlier user's: the start says what to run
+    assert f"chown -R {new[0]}:{new[1]}" in logs, logs[-3000:]
+    assert "Traceback" not in logs

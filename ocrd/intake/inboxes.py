@@ -8,9 +8,11 @@ stops taking files; what it had claimed still converts.
 Every folder of an inbox is reached through its pinned root (config/roots.py). An inbox one of
 whose folders is not the one pinned (a link now, another folder, gone) takes no files
 (`blocked`) and says so in one line, until the folder is back or a reload pins anew.
-Scans run beside the intake loop, one at a time per inbox, never holding it up; an
-inotify observer that lost a thread is replaced, and after repeated losses the inbox is
-polled instead.
+Scans run beside the intake loop, one at a time per inbox, never holding it up: the
+listing and the journal's and the share's answers on which files are kept originals
+(`kept_among`, for all of them at once) in a thread, what is left on the loop in parts
+of OBSERVE_SLICE entries. An inotify observer that lost a thread is replaced, and after
+repeated losses the inbox is polled instead.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ FOLDER_CHECK_SECONDS = 1.0
 # observers that may die within WATCH_RESTART_WINDOW before the inbox is polled instead
 WATCH_RESTARTS = 3
 WATCH_RESTART_WINDOW = 600.0
+# a scan's entries handed to the readiness tracker at a time, the loop free in between
+OBSERVE_SLICE = 2000
+
+Key = tuple[str, int, int]  # (relpath, size, mtime_ns) of a file in an inbox
 
 
 @dataclass
@@ -73,7 +79,7 @@ class Inbox:
     checking: asyncio.Task | None = None  # a look at its folders, in a thread
     watch_deaths: list[float] = field(default_factory=list)  # monotonic times
     # originals put back after conversion (on_success: keep): (relpath, size, mtime_ns)
-    kept: set[tuple[str, int, int]] = field(default_factory=set)
+    kept: set[Key] = field(default_factory=set)
     # (size, mtime_ns) of originals being put back right now, from a worker thread: the
     # intake may see one in the inbox before it is in `kept` (and convert it again)
     putting_back: list[tuple[int, int]] = field(default_factory=list)
@@ -136,9 +142,15 @@ class Inboxes:
     """Every inbox by path, their watches, and the hints inotify sends from its thread."""
 
     def __init__(self, instance: str, is_kept: Callable[[Inbox, Entry], bool],
-                 roots: Roots | None = None) -> None:
+                 roots: Roots | None = None,
+                 kept_among: Callable[[Inbox, list[Entry]], set[Key]] | None = None
+                 ) -> None:
+        """`is_kept`: whether one file is an original put back (on_success: keep), asked
+        on the loop for a file an event shows; `kept_among`: the same for a scan's files
+        at once, asked in the scan's thread (None: no lookup, none is)."""
         self.instance = instance
         self.is_kept = is_kept
+        self.kept_among = kept_among
         self.roots = roots or Roots()
         self.by_path: dict[Path, Inbox] = {}
         self.observers = Observers(self._hint_from_thread)
@@ -386,20 +398,48 @@ class Inboxes:
                                 error=e.strerror or str(e))
 
         unread = None if inbox.cfg.recursive else UnreadFiles()
-        entries = await asyncio.to_thread(
-            lambda: list(scan(root, inbox.cfg.recursive, inbox.ignore, on_error,
+
+        def listing() -> tuple[list[Entry], set[str], set[Key]]:
+            """(the entries that are new or changed since the tracker saw them, the
+            relative path of every entry, the kept originals among the new)."""
+            candidates = inbox.tracker.candidates  # only read here (dict.get)
+            fresh, listed = [], set()
+            for entry in scan(root, inbox.cfg.recursive, inbox.ignore, on_error,
                               open_top=inbox.open_root, on_too_deep=too_deep.append,
-                              stop=self._stopping.is_set, unread=unread)))
+                              stop=self._stopping.is_set, unread=unread):
+                listed.add(entry.relpath)
+                cand = candidates.get(entry.relpath)
+                # an unchanged candidate is let go of at once: a rescan of a huge inbox
+                # leaves nothing behind for the garbage collector
+                if cand is None or cand.key() != (entry.size, entry.mtime_ns, entry.ino):
+                    fresh.append(entry)
+            regular = [e for e in fresh if e.regular]
+            kept = self.kept_among(inbox, regular) if self.kept_among and regular else set()
+            return fresh, listed, kept
+
+        entries, listed, kept = await asyncio.to_thread(listing)
         for key in self.conditions.open_keys():
             if key[:2] == (root, "scan") and key not in seen_errors:
                 self.conditions.cleared(key, "scan_error_gone", folder=key[2])
         self._report_too_deep(inbox, too_deep)
         self._report_unread(inbox, unread)
+        inbox.kept |= kept
+        # in parts, the loop free in between: a huge inbox must not hold it up (nor the
+        # other inboxes, the console's questions, the watchdog)
+        for start in range(0, len(entries), OBSERVE_SLICE):
+            if inbox.removed:
+                return
+            for entry in entries[start:start + OBSERVE_SLICE]:
+                if not (entry.regular and self._known_kept(inbox, entry)):
+                    inbox.tracker.observe(entry)
+            await asyncio.sleep(0)
         if inbox.removed:
             return
-        for entry in entries:
-            self.observe(inbox, entry)
-        inbox.tracker.keep_only({e.relpath for e in entries}, since=started)
+        names = list(inbox.tracker.candidates)
+        for start in range(0, len(names), OBSERVE_SLICE):
+            inbox.tracker.keep_only(listed, since=started,
+                                    among=names[start:start + OBSERVE_SLICE])
+            await asyncio.sleep(0)
 
     def _report_too_deep(self, inbox: Inbox, folders: list[str]) -> None:
         key = (inbox.path, "too_deep")
@@ -428,6 +468,13 @@ class Inboxes:
         if entry.regular and self.is_kept(inbox, entry):
             return
         inbox.tracker.observe(entry, complete)
+
+    @staticmethod
+    def _known_kept(inbox: Inbox, entry: Entry) -> bool:
+        """An original put back, as this daemon knows without asking (being put back
+        now, or found so before)."""
+        return (entry.size, entry.mtime_ns) in inbox.putting_back or \
+            (entry.relpath, entry.size, entry.mtime_ns) in inbox.kept
 
     def _hint_from_thread(self, path: str, complete: bool, is_dir: bool) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed during shutdown

@@ -39,6 +39,11 @@ log = structlog.get_logger("ocrd.intake.loop")
 # Checks of one file that may fail with an unexpected exception before the file is
 # claimed to fail as internal_error (the traceback in its error file) instead.
 MAX_CHECK_FAILURES = 3
+# Checks at once (each opens and probes a file) ...
+CHECKS_AT_ONCE = 8
+# ... and started, waiting for their turn: a huge backlog of due files starts this many,
+# and more as they end, not a task for each file in one turn of the loop.
+CHECKS_STARTED = 64
 
 
 class Intake:
@@ -55,7 +60,9 @@ class Intake:
         self.metrics = metrics
         self.loop_turned = loop_turned
         self.stopping = False
-        self._checks = asyncio.Semaphore(8)
+        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
+        self._claiming = asyncio.Lock()
+        self._turn = 0
         self._tasks: set[asyncio.Task] = set()
         self.journal_paused_until = 0.0
         self._journal_backoff = 0.0
@@ -75,11 +82,7 @@ class Intake:
             self.inboxes.apply_hints()
             if self.engine_open.is_set() and now >= self.journal_paused_until and \
                     self._state_folder_ok(now):
-                for inbox in self.inboxes:
-                    if inbox.taking_files(now):
-                        for cand in inbox.tracker.due():
-                            cand.busy = True
-                            self._spawn(self.check(inbox, cand))
+                self._start_checks(now)
             self.metrics.candidates.set(sum(len(i.tracker) for i in self.inboxes))
             self.metrics.set_paused({str(i.path): why for i in self.inboxes
                                      if (why := i.paused_why) is not None})
@@ -91,6 +94,23 @@ class Intake:
                 async with asyncio.timeout(self.inboxes.next_wait(time.monotonic())):
                     await self.inboxes.wake.wait()
             self.inboxes.wake.clear()
+
+    def _start_checks(self, now: float) -> None:
+        """Checks for the due candidates, while fewer than CHECKS_STARTED are under way;
+        each turn another inbox has the first pick."""
+        room = CHECKS_STARTED - len(self._tasks)
+        boxes = [i for i in self.inboxes if i.taking_files(now)]
+        if room <= 0 or not boxes:
+            return
+        self._turn += 1
+        first = self._turn % len(boxes)
+        for inbox in boxes[first:] + boxes[:first]:
+            for cand in inbox.tracker.due(room):
+                cand.busy = True
+                self._spawn(self.check(inbox, cand))
+                room -= 1
+            if room <= 0:
+                return
 
     def _state_folder_ok(self, now: float) -> bool:
         """The state folder is the one pinned (looked at once a second, in a thread):
@@ -122,6 +142,7 @@ class Intake:
 
     def _reap(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
+        self.inboxes.wake.set()  # room for another check
         if not task.cancelled() and task.exception() is not None:
             log.error("task_failed", task=task.get_name(), error=repr(task.exception()))
 
@@ -161,10 +182,10 @@ class Intake:
             return
         except Exception as e:  # noqa: BLE001 - a bug must not leave the file unreported
             log.exception("check_failed", file=cand.entry.relpath)
-            cand.failures.append(errors.internal(e, "checking the file in its inbox"))
+            cand.failures += (errors.internal(e, "checking the file in its inbox"),)
             inbox.tracker.recheck_later(cand)
         finally:
-            cand.busy = False
+            inbox.tracker.checked(cand)
 
     async def _check(self, inbox: Inbox, cand: Candidate) -> None:
         entry = cand.entry
@@ -237,7 +258,7 @@ class Intake:
             cand.why = decision.reason
             cand.until, cand.fails_then = decision.until, decision.fails_then
             if decision.report:
-                cand.reported.add(decision.report)
+                cand.reported |= {decision.report}
                 log.info("file_incomplete", file=entry.relpath, reason=decision.reason,
                          waiting_up_to=inbox.cfg.incomplete_seconds)
             inbox.tracker.recheck_later(cand, decision.until)
@@ -251,19 +272,23 @@ class Intake:
                 errors.NotRegularFile("not a regular file (a symbolic link, FIFO, socket or "
                                       "device); ocrd never follows links out of an inbox — "
                                       "copy the document itself into the inbox")
-            if entry.regular and self.inboxes.is_kept(inbox, entry):
-                inbox.tracker.forget(entry.relpath)  # put back since it was seen
-                return
-            try:
-                item = self.claims.claim(inbox, folder, entry, checked, info, error)
-            except JournalUnwritable:
-                raise
-            except OSError as e:
-                log.error("claim_failed", file=entry.relpath, error=e.strerror or str(e),
-                          hint="the work area must be on the inbox's filesystem and "
-                          "writable")
-                inbox.tracker.recheck_later(cand)
-                return
+            # one claim per turn of the loop: its journal commits wait for the disk, and
+            # the checks of a backlog end together (the rest of the loop goes on between)
+            async with self._claiming:
+                await asyncio.sleep(0)
+                if entry.regular and self.inboxes.is_kept(inbox, entry):
+                    inbox.tracker.forget(entry.relpath)  # put back since it was seen
+                    return
+                try:
+                    item = self.claims.claim(inbox, folder, entry, checked, info, error)
+                except JournalUnwritable:
+                    raise
+                except OSError as e:
+                    log.error("claim_failed", file=entry.relpath, error=e.strerror or str(e),
+                              hint="the work area must be on the inbox's filesystem and "
+                              "writable")
+                    inbox.tracker.recheck_later(cand)
+                    return
             self._journal_backoff = 0.0
             inbox.tracker.forget(entry.relpath)
             if item is not None:

@@ -22,8 +22,11 @@ complete goes at once after its close (or its quiet period).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ocrd import errors
 from ocrd.intake.watch import Entry
@@ -42,14 +45,18 @@ class Candidate:
     checks: int = 0
     busy: bool = False  # a check or a claim is running
     seen: float = 0.0  # monotonic time a scan or an event last showed it
-    reported: set[str] = field(default_factory=set)  # warnings already logged
-    # checks that failed with an unexpected exception (a bug), as internal errors
-    failures: list[errors.OcrdError] = field(default_factory=list)
+    # warnings already logged; and checks that failed with an unexpected exception (a
+    # bug), as internal errors. Immutable, shared while empty: a candidate is one object
+    # for the garbage collector to look at, however many there are
+    reported: frozenset[str] = frozenset()
+    failures: tuple[errors.OcrdError, ...] = ()
     why: str | None = None  # the last check's reason for waiting (empty, truncated ...)
     # when the wait the last check decided ends (monotonic; None: not known), and whether
     # the file then fails (True) or is read as it is (False)
     until: float | None = None
     fails_then: bool = False
+    # its entry in the tracker's heap of due times (0: none, while a check runs)
+    stamp: int = 0
 
     def key(self) -> tuple[int, int, int]:
         return (self.entry.size, self.entry.mtime_ns, self.entry.ino)
@@ -152,22 +159,87 @@ def settled(cand: Candidate, incomplete_seconds: float, now: float) -> bool:
 
 
 class Tracker:
-    """Candidates of one inbox, by path relative to the inbox."""
+    """Candidates of one inbox, by path relative to the inbox, in the order they last
+    changed (oldest first), and when each may next be due, in a heap: which are due,
+    when the next one is, and the oldest few cost the same whatever the number of
+    candidates (the intake loop asks at every turn).
+
+    A candidate being checked (`busy`) leaves the heap; `checked` puts it back when its
+    check ends, as it is then."""
 
     def __init__(self, quiet_seconds: float, fast_close: bool, clock=time.monotonic) -> None:
-        self.quiet = quiet_seconds
-        self.fast_close = fast_close
+        self._quiet = quiet_seconds
+        self._fast_close = fast_close
         self.clock = clock
         self.candidates: dict[str, Candidate] = {}
+        self._heap: list[tuple[float, int, str]] = []  # (due at, stamp, relpath)
+        self._stamps = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self.candidates)
+
+    @property
+    def quiet(self) -> float:
+        return self._quiet
+
+    @quiet.setter
+    def quiet(self, seconds: float) -> None:
+        self._quiet = seconds
+        self._reschedule_all()
+
+    @property
+    def fast_close(self) -> bool:
+        return self._fast_close
+
+    @fast_close.setter
+    def fast_close(self, on: bool) -> None:
+        self._fast_close = on
+        self._reschedule_all()
+
+    # -- the heap of due times ---------------------------------------------------------
+
+    def _due_at(self, cand: Candidate) -> float:
+        if self._fast_close and cand.closed and cand.entry.regular:
+            return cand.next_check
+        return max(cand.next_check, cand.last_change + self._quiet)
+
+    def _schedule(self, cand: Candidate) -> None:
+        """(Re)enter the candidate in the heap; its earlier entry is stale from now."""
+        cand.stamp = next(self._stamps)
+        heapq.heappush(self._heap, (self._due_at(cand), cand.stamp, cand.entry.relpath))
+        if len(self._heap) > 2 * len(self.candidates) + 1024:
+            self._reschedule_all()  # mostly stale entries: start afresh
+
+    def _reschedule_all(self) -> None:
+        self._heap = []
+        for cand in self.candidates.values():
+            cand.stamp = 0
+            if not cand.busy:
+                cand.stamp = next(self._stamps)
+                self._heap.append((self._due_at(cand), cand.stamp, cand.entry.relpath))
+        heapq.heapify(self._heap)
+
+    def _top(self) -> tuple[float, Candidate] | None:
+        """The heap's first live entry (stale ones and those of busy candidates dropped)."""
+        heap = self._heap
+        while heap:
+            at, stamp, relpath = heap[0]
+            cand = self.candidates.get(relpath)
+            if cand is not None and cand.stamp == stamp:
+                if not cand.busy:
+                    return at, cand
+                cand.stamp = 0  # back in when its check ends (`checked`)
+            heapq.heappop(heap)
+        return None
+
+    # -- what scans, events and checks tell ----------------------------------------------
 
     def observe(self, entry: Entry, closed: bool = False) -> Candidate:
         """A scan or an event saw the entry; `closed`: a close-after-write or moved-in
         event (the writer is done with it)."""
         now = self.clock()
         cand = self.candidates.get(entry.relpath)
+        changed = True
         if cand is None:
             cand = Candidate(entry, now)
             self.candidates[entry.relpath] = cand
@@ -178,36 +250,60 @@ class Tracker:
             cand.fails_then = False
             cand.closed = False
             cand.next_check = 0.0
+            del self.candidates[entry.relpath]  # to the end: the order of last changes
+            self.candidates[entry.relpath] = cand
+        else:
+            changed = False
         if closed:
             cand.closed = True
             cand.next_check = 0.0
+            changed = True
         cand.seen = now
+        if not cand.busy and (changed or cand.stamp == 0):
+            self._schedule(cand)
         return cand
 
     def forget(self, relpath: str) -> None:
         self.candidates.pop(relpath, None)
 
-    def keep_only(self, relpaths: set[str], since: float | None = None) -> list[str]:
+    def keep_only(self, relpaths: set[str], since: float | None = None,
+                  among: Iterable[str] | None = None) -> list[str]:
         """After a full scan: drop candidates that are gone. `since`: when the scan
         began — a candidate an event showed after that is kept (the scan may have
-        listed its folder before it came). Returns the dropped."""
-        gone = [r for r, c in self.candidates.items() if r not in relpaths and not c.busy
-                and (since is None or c.seen < since)]
+        listed its folder before it came). `among`: look at these candidates only (a
+        part of them, so that a huge inbox is gone through in parts). Returns the
+        dropped."""
+        gone = []
+        for r in self.candidates if among is None else among:
+            c = self.candidates.get(r)
+            if c is not None and r not in relpaths and not c.busy and \
+                    (since is None or c.seen < since):
+                gone.append(r)
         for r in gone:
             del self.candidates[r]
         return gone
 
-    def due(self) -> list[Candidate]:
-        """Candidates to check now: quiet long enough, or closed on a local filesystem."""
+    def due(self, limit: int | None = None) -> list[Candidate]:
+        """Candidates to check now (at most `limit`, soonest due first): quiet long
+        enough, or closed on a local filesystem."""
         now = self.clock()
-        out = []
-        for cand in self.candidates.values():
-            if cand.busy or now < cand.next_check:
-                continue
-            quiet = now - cand.last_change >= self.quiet
-            if quiet or (self.fast_close and cand.closed and cand.entry.regular):
-                out.append(cand)
+        out: list[Candidate] = []
+        taken: list[tuple[float, int, str]] = []
+        while limit is None or len(out) < limit:
+            top = self._top()
+            if top is None or top[0] > now:
+                break
+            taken.append(heapq.heappop(self._heap))
+            out.append(top[1])
+        for item in taken:  # still due until their check begins (`busy`)
+            heapq.heappush(self._heap, item)
         return out
+
+    def checked(self, cand: Candidate) -> None:
+        """Its check has ended: due again as it is now, unless it was forgotten."""
+        cand.busy = False
+        if self.candidates.get(cand.entry.relpath) is cand:
+            self._schedule(cand)
 
     def recheck_later(self, cand: Candidate, at: float | None = None) -> None:
         """The file looked incomplete: look again later, less often each time (or `at`,
@@ -217,17 +313,14 @@ class Tracker:
         delay = min(MAX_RECHECK_SECONDS, max(self.quiet, 0.5) * (2 ** min(cand.checks, 6)))
         now = self.clock()
         cand.next_check = now + delay if at is None else max(at, now)
+        if not cand.busy and self.candidates.get(cand.entry.relpath) is cand:
+            self._schedule(cand)
 
     def next_wakeup(self) -> float | None:
         """Seconds until some candidate may become due (for the intake loop's sleep)."""
-        now = self.clock()
-        best = None
-        for cand in self.candidates.values():
-            if cand.busy:
-                continue
-            at = max(cand.next_check, cand.last_change + self.quiet)
-            if cand.next_check and cand.next_check > now:
-                at = cand.next_check
-            wait = max(0.0, at - now)
-            best = wait if best is None else min(best, wait)
-        return best
+        top = self._top()
+        return None if top is None else max(0.0, top[0] - self.clock())
+
+    def oldest(self, limit: int) -> list[Candidate]:
+        """The `limit` candidates that last changed longest ago, oldest first."""
+        return list(itertools.islice(self.candidates.values(), limit))

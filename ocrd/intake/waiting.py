@@ -21,8 +21,7 @@ _CUT_SHORT = {"empty": "empty", "truncated": "truncated (incomplete)",
 def waiting_files(inbox: Inbox, engine_open: bool, now: float, wall: float,
                   limit: int = 200) -> tuple[WaitingFile, ...]:
     """The inbox's candidates, oldest first, at most `limit`."""
-    cands = sorted(inbox.tracker.candidates.values(), key=lambda c: c.last_change)[:limit]
-    return tuple(_one(inbox, c, engine_open, now, wall) for c in cands)
+    return tuple(_one(inbox, c, engine_open, now, wall) for c in inbox.tracker.oldest(limit))
 
 
 def _one(inbox: Inbox, cand: Candidate, engine_open: bool, now: float,

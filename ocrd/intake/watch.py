@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -87,40 +88,57 @@ def watch_method(inbox: InboxConfig) -> str:
 
 
 class Ignore:
-    """Built-in plus configured ignore patterns, and the include patterns."""
+    """Built-in plus configured ignore patterns, and the include patterns. Each list is
+    matched as one regular expression (a scan asks for every entry of the inbox)."""
 
     def __init__(self, inbox: InboxConfig) -> None:
-        self.ignore = [p.lower() for p in (*BUILTIN_IGNORE, *inbox.ignore)]
-        self.include = [p.lower() for p in inbox.include]
+        self._set([p.lower() for p in (*BUILTIN_IGNORE, *inbox.ignore)],
+                  [p.lower() for p in inbox.include])
 
     @classmethod
     def rules(cls, ignore: Iterable[str], include: Iterable[str]) -> Ignore:
         """The rules from patterns alone (a folder given to `ocrd convert`)."""
         made = cls.__new__(cls)
-        made.ignore = [p.lower() for p in ignore]
-        made.include = [p.lower() for p in include]
+        made._set([p.lower() for p in ignore], [p.lower() for p in include])
         return made
 
+    def _set(self, ignore: list[str], include: list[str]) -> None:
+        self.ignore = ignore
+        self.include = include
+        # what any(fnmatch.fnmatchcase(name, p) for p in patterns) says, in one match
+        self._ignore = _one_pattern(ignore)
+        self._include = _one_pattern(include)
+
     def ignored_part(self, name: str) -> bool:
-        low = name.lower()
-        return any(fnmatch.fnmatchcase(low, p) for p in self.ignore)
+        return self._ignore.match(name.lower()) is not None
 
     def wanted(self, relpath: str) -> bool:
         """True if no component is ignored and the file name is included."""
         parts = relpath.split("/")
         if any(self.ignored_part(p) for p in parts):
             return False
-        low = parts[-1].lower()
-        return any(fnmatch.fnmatchcase(low, p) for p in self.include)
+        return self.included(parts[-1])
+
+    def included(self, name: str) -> bool:
+        """The file name matches an include pattern (whether it is ignored aside)."""
+        return self._include.match(name.lower()) is not None
+
+
+def _one_pattern(patterns: list[str]) -> re.Pattern[str]:
+    if not patterns:
+        return re.compile(r"(?!)")  # matches nothing
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
 
 
 @dataclass(frozen=True)
 class Entry:
     """An inbox entry a scan found. `regular` is False for symlinks, FIFOs, sockets and
     devices: those are never opened, only reported. `path` is for messages: ocrd never
-    opens an entry by it (safefs walks from the inbox's folder instead)."""
+    opens an entry by it (safefs walks from the inbox's folder instead). A string, not a
+    Path: one object for the garbage collector to look at per entry, not three (an
+    inbox may hold a great many, and a full collection holds up the loop)."""
 
-    path: Path
+    path: str
     relpath: str
     size: int
     mtime_ns: int
@@ -128,8 +146,8 @@ class Entry:
     regular: bool
 
 
-def entry_for(path: Path, relpath: str, st: os.stat_result) -> Entry:
-    return Entry(path, relpath, st.st_size, st.st_mtime_ns, st.st_ino,
+def entry_for(path: Path | str, relpath: str, st: os.stat_result) -> Entry:
+    return Entry(os.fspath(path), relpath, st.st_size, st.st_mtime_ns, st.st_ino,
                  stat.S_ISREG(st.st_mode))
 
 
@@ -154,6 +172,7 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
     except OSError as e:
         failed(root, e)
         return
+    top_path = os.fspath(root)
     with top:
         stack: list[tuple[str, ...]] = [()]
         while stack:
@@ -167,11 +186,11 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
             except OSError as e:
                 failed(root.joinpath(*parts), e)
                 continue
-            for name, st in entries:
-                if st is None or ignore.ignored_part(name):
+            for name, mode, size, mtime_ns, ino in entries:
+                if mode is None or ignore.ignored_part(name):
                     continue
                 rel = prefix + name
-                if stat.S_ISDIR(st.st_mode):
+                if stat.S_ISDIR(mode):
                     if not recursive:
                         if unread is not None:
                             unread.count(top, rel, ignore, max_depth)
@@ -182,8 +201,9 @@ def scan(root: Path, recursive: bool, ignore: Ignore,
                         continue
                     stack.append((*parts, name))
                     continue
-                if ignore.wanted(rel):
-                    yield entry_for(root / rel, rel, st)
+                if ignore.included(name):  # its folders and itself are not ignored
+                    yield Entry(f"{top_path}/{rel}", rel, size, mtime_ns, ino,
+                                stat.S_ISREG(mode))
 
 
 @dataclass
@@ -206,30 +226,38 @@ class UnreadFiles:
                     entries = list(_listing(sub))
             except OSError:
                 continue
-            for name, st in entries:
+            for name, mode, *_ in entries:
                 if self.looked >= SUBFOLDER_LOOK:
                     self.complete = False
                     return
                 self.looked += 1
-                if st is None or ignore.ignored_part(name):
+                if mode is None or ignore.ignored_part(name):
                     continue
-                if stat.S_ISDIR(st.st_mode):
+                if stat.S_ISDIR(mode):
                     if len(parts) < max_depth:
                         stack.append((*parts, name))
                     continue
                 rel = "/".join((*parts, name))
-                if stat.S_ISREG(st.st_mode) and ignore.wanted(rel):
+                if stat.S_ISREG(mode) and ignore.wanted(rel):
                     self.files += 1
                     self.first = self.first or rel
 
 
-def _listing(folder: Dir) -> Iterator[tuple[str, os.stat_result | None]]:
-    """(name, lstat) of each entry; None for one that vanished between list and stat."""
+Listed = tuple[str, int | None, int, int, int]  # (name, mode, size, mtime_ns, inode)
+
+
+def _listing(folder: Dir) -> Iterator[Listed]:
+    """Each entry's name and what lstat says of it (mode None: it vanished between list
+    and stat). Plain strings and numbers: a folder of a great many entries is held as
+    a list of them while it is gone through, and the garbage collector lets such
+    tuples be at once, where it would keep looking at tuples holding a stat result."""
     for de in folder.entries():
         try:
-            yield de.name, de.stat(follow_symlinks=False)
+            st = de.stat(follow_symlinks=False)
         except FileNotFoundError:
-            yield de.name, None
+            yield de.name, None, 0, 0, 0
+            continue
+        yield de.name, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino
 
 
 Hint = Callable[[str, bool, bool], None]  # (path, closed_after_write, is_dir)

@@ -66,7 +66,8 @@ class Parts:
                               cfg.schedule.batch_window_seconds, room=converter.has_room,
                               room_limit=cfg.schedule.max_active_documents + in_flight)
         converter.on_progress = scheduler.poke
-        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept, roots=roots)
+        inboxes = Inboxes(state_folder.instance, is_kept=outcomes.is_kept, roots=roots,
+                          kept_among=outcomes.kept_among)
         intake = Intake(cfg, inboxes, Claims(state_folder.journal, metrics), pools[1],
                         submit, converter.gate.open, metrics,
                         liveness.loop_turned)

@@ -10,30 +10,45 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
+import structlog
 from starlette.datastructures import UploadFile
-from starlette.requests import Request
+from starlette.formparsers import MultiPartException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ocrd.names import shown
-from ocrd.web.auth import Guard
+from ocrd.names import printable, shown
+from ocrd.web.auth import BodyTooLarge, Guard
 from ocrd.web.context import Context
 from ocrd.web.pages import set_flash
-from ocrd.web.upload import UploadError, save
+from ocrd.web.upload import (
+    UploadError,
+    UploadForm,
+    UploadRefused,
+    UploadTooLarge,
+    save,
+    too_large,
+)
 from ocrd.web.views import CAUSE, RETRY_HELPS
 from ocrd.work.journal import FileFilter, Journal
 from ocrd.work.retry import RetryError, retry_job
 
+log = structlog.get_logger("ocrd.web")
+
 FORM_OVERHEAD = 64 * 1024  # multipart headers and the other fields, beside the file
 MAX_RETRY_ALL = 10_000
+# an answer given before the request's body was read to its end: the connection ends
+# with it (the rest of the body is not read)
+CLOSE = {"connection": "close"}
 
 
-def _denied() -> Response:
+def _denied(headers: dict[str, str] | None = None) -> Response:
     return PlainTextResponse("missing or wrong CSRF token: reload the page\n",
-                             status_code=403)
+                             status_code=403, headers=headers)
 
 
-def _back(to: str, kind: str, text: str) -> Response:
-    return set_flash(RedirectResponse(to, status_code=303), kind, text)
+def _back(to: str, kind: str, text: str, headers: dict[str, str] | None = None
+          ) -> Response:
+    return set_flash(RedirectResponse(to, status_code=303, headers=headers), kind, text)
 
 
 def _local(target: str, default: str) -> str:
@@ -91,11 +106,28 @@ async def upload_form(request: Request) -> Response:
     limit = ctx.cfg.web.upload_max_bytes
     length = request.headers.get("content-length")
     if length is None or not length.isdigit():
-        return PlainTextResponse("an upload needs a Content-Length\n", status_code=411)
+        return PlainTextResponse("an upload needs a Content-Length\n", status_code=411,
+                                 headers=CLOSE)
     if int(length) > limit + FORM_OVERHEAD:
-        return _back("/upload", "bad", f"The file is larger than the console takes "
-                                       f"({limit} bytes, web.upload_max_bytes).")
-    form = await request.form(max_files=1, max_fields=8)
+        return _back("/upload", "bad", str(too_large(limit)), CLOSE)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return PlainTextResponse("an upload is a multipart/form-data form\n",
+                                 status_code=400, headers=CLOSE)
+    parser = UploadForm(request.headers, request.stream(), limit,
+                        lambda fields: guard.check_csrf(request, fields.get("csrf")))
+    try:
+        form = await parser.parse()
+    except UploadRefused:
+        return _denied(CLOSE)
+    except (UploadTooLarge, BodyTooLarge):
+        return _back("/upload", "bad", str(too_large(limit)), CLOSE)
+    except MultiPartException as e:
+        return PlainTextResponse(f"not a form the console reads: {e.message}\n",
+                                 status_code=400, headers=CLOSE)
+    except ClientDisconnect:
+        log.info("upload_abandoned", received_bytes=parser.file_bytes,
+                 why="the browser went away before the whole file had arrived")
+        return Response(status_code=400)
     try:
         if not guard.check_csrf(request, str(form.get("csrf") or "")):
             return _denied()
@@ -109,14 +141,15 @@ async def upload_form(request: Request) -> Response:
         try:
             name = await asyncio.to_thread(save, box, file.filename, file.file, limit)
         except UploadError as e:
-            return _back("/upload", "bad", str(e))
+            return _back("/upload", "bad", printable(str(e)))
         except OSError as e:
-            return _back("/upload", "bad", f"Cannot write into {inbox}: "
+            return _back("/upload", "bad", f"Cannot write into {printable(inbox)}: "
                                            f"{e.strerror or e}")
     finally:
         await form.close()
-    return _back("/files?state=waiting", "good", f"Uploaded into {inbox} as {shown(name)}; "
-                                                 "it is converted once it is checked.")
+    return _back("/files?state=waiting", "good", f"Uploaded into {printable(inbox)} as "
+                                                 f"{printable(name)}; it is converted once "
+                                                 "it is checked.")
 
 
 # -- the work, shared with the JSON API -----------------------------------------------------
@@ -156,9 +189,9 @@ async def retry(ctx: Context, job_id: int, cause_gone: bool = False) -> tuple[bo
         if job.state == "failed" and (why := refusal(job.reason, cause_gone)):
             return False, why
         try:
-            return True, shown(str(retry_job(ctx.cfg, journal, job)))
+            return True, printable(str(retry_job(ctx.cfg, journal, job)))
         except RetryError as e:
-            return False, str(e)
+            return False, printable(str(e))
 
     return await _with_journal(ctx, work)
 
@@ -178,13 +211,13 @@ async def retry_reason(ctx: Context, reason: str, cause_gone: bool
         done, problems = 0, []
         for job in jobs:
             if ctx.store.inbox(job) is None:
-                problems.append(f"{shown(job.relpath)}: its inbox is no longer configured")
+                problems.append(f"{printable(job.relpath)}: its inbox is no longer configured")
                 continue
             try:
                 retry_job(ctx.cfg, journal, job)
                 done += 1
             except RetryError as e:
-                problems.append(str(e))
+                problems.append(printable(str(e)))
         return done, problems
 
     return await _with_journal(ctx, work)
@@ -196,8 +229,8 @@ async def dismiss(ctx: Context, job_id: int) -> tuple[bool, str]:
         if job is None or ctx.store.inbox(job) is None:
             return False, "no such file"
         if not journal.dismiss(job_id):
-            return False, f"{shown(job.relpath)} is not failed (state: {job.state})"
-        return True, (f"{shown(job.relpath)} dismissed: off the Failed list; its original "
+            return False, f"{printable(job.relpath)} is not failed (state: {job.state})"
+        return True, (f"{printable(job.relpath)} dismissed: off the Failed list; its original "
                       "stays in the failed folder.")
 
     return await _with_journal(ctx, work)

@@ -16,7 +16,7 @@ from ocrd.web.pages import banners
 from ocrd.web.queries import LIST_STATES, search_results, waiting_list
 from ocrd.web.store import listed_outputs
 from ocrd.web.views import job_facts
-from ocrd.work.journal import FILTER_STATES, FileFilter
+from ocrd.work.journal import FILTER_STATES, MAX_INTEGER, FileFilter
 
 MAX_LIMIT = 500
 
@@ -154,8 +154,8 @@ def _window(request: Request, default_limit: int) -> tuple[int, int] | Response:
         offset = int(q.get("offset") or 0)
     except ValueError:
         return JSONResponse({"error": "limit and offset must be integers"}, status_code=400)
-    if not 1 <= limit <= MAX_LIMIT or offset < 0:
-        return JSONResponse({"error": f"limit must be 1..{MAX_LIMIT}, offset >= 0"},
+    if not 1 <= limit <= MAX_LIMIT or not 0 <= offset <= MAX_INTEGER:
+        return JSONResponse({"error": f"limit must be 1..{MAX_LIMIT}, offset 0..{MAX_INTEGER}"},
                             status_code=400)
     return limit, offset
 

@@ -14,15 +14,16 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+import structlog
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ocrd.names import shown
 from ocrd.web import actions, api, serve, turn
-from ocrd.web.auth import COOKIE, Guard
+from ocrd.web.auth import COOKIE, BodyTooLarge, Guard
 from ocrd.web.context import Context
 from ocrd.web.pages import int_param, render
 from ocrd.web.queries import LIST_STATES, search_results, waiting_list
@@ -30,6 +31,8 @@ from ocrd.web.search import COUNT_AT_MOST, Query
 from ocrd.web.store import listed_outputs
 from ocrd.web.views import job_facts, review_pages, state_of
 from ocrd.work.journal import FILTER_STATES, FileFilter, Job
+
+log = structlog.get_logger("ocrd.web")
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -253,6 +256,18 @@ def healthz(request: Request) -> Response:
     return PlainTextResponse("ok\n")
 
 
+# -- requests that end early ----------------------------------------------------------------
+
+async def too_large(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(f"{exc}\n", status_code=413, headers=actions.CLOSE)
+
+
+async def abandoned(request: Request, exc: Exception) -> Response:
+    """The client went away while its request's body arrived: one line, no traceback."""
+    log.info("request_abandoned", path=request.url.path, method=request.method)
+    return Response(status_code=400)  # nobody is there to read it
+
+
 def create_app(ctx: Context) -> Starlette:
     routes = [
         Route("/", overview),
@@ -278,6 +293,8 @@ def create_app(ctx: Context) -> Starlette:
     for route in routes:  # the pages are not the API (/api/openapi.json)
         if isinstance(route, Route) and not route.path.startswith("/api/"):
             route.include_in_schema = False
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={BodyTooLarge: too_large,
+                                                       ClientDisconnect: abandoned})
     app.state.ctx = ctx
-    return Guard(app, ctx.token, ctx.secret, ctx.cfg.web.loopback)  # type: ignore[return-value]
+    return Guard(app, ctx.token, ctx.secret, ctx.cfg.web.loopback,  # type: ignore[return-value]
+                 upload_limit=lambda: ctx.cfg.web.upload_max_bytes + actions.FORM_OVERHEAD)

@@ -11,6 +11,10 @@
 - Every answer carries a Content-Security-Policy that allows scripts, styles and images
   from the console alone and no inline script, so text that slipped through as HTML
   still could not run.
+- A request's body is counted as it arrives, whatever its headers say: more than the
+  upload limit (POST /upload) or than SMALL_BODY (anything else) ends the request
+  (`BodyTooLarge`). A body sent with Transfer-Encoding is refused before it is read (411):
+  every form of the console is sent with a Content-Length.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from starlette.datastructures import Headers
@@ -40,6 +45,17 @@ HEADERS = [
 ]
 OPEN_PATHS = ("/healthz", "/login", "/favicon.ico")
 MIN_TOKEN_CHARS = 16
+# the most body any request but an upload may send (the console's own forms are far smaller)
+SMALL_BODY = 64 * 1024
+UPLOAD_PATH = "/upload"
+
+
+class BodyTooLarge(Exception):
+    """A request's body went past its limit while it arrived (the request ends there)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request's body is larger than {limit} bytes")
+        self.limit = limit
 
 
 def load_token(cfg: WebConfig) -> str | None:
@@ -97,13 +113,16 @@ def _loopback_host(host: str) -> bool:
 
 
 class Guard:
-    """ASGI middleware: host check, token check, security headers."""
+    """ASGI middleware: host check, token check, bounded bodies, security headers."""
 
     def __init__(self, app: ASGIApp, token: str | None, secret: bytes,
-                 loopback: bool) -> None:
+                 loopback: bool, upload_limit: Callable[[], int] = lambda: 0) -> None:
+        """`upload_limit`: the most bytes an upload's body may have, asked per request
+        (a reload may change it)."""
         self.app = app
         self.token = token
         self.loopback = loopback
+        self.upload_limit = upload_limit
         self.csrf = _derive(secret, "csrf")
         self.session = _derive(token.encode(), "session") if token else None
 
@@ -130,6 +149,10 @@ class Guard:
         if self.loopback and not _loopback_host(request.headers.get("host", "")):
             response = PlainTextResponse("this console answers to loopback host names "
                                          "only\n", status_code=421)
+        elif "transfer-encoding" in request.headers:
+            response = PlainTextResponse("send the body with a Content-Length (no "
+                                         "Transfer-Encoding)\n", status_code=411,
+                                         headers={"connection": "close"})
         elif request.url.path in OPEN_PATHS or request.url.path.startswith("/static/") or \
                 self.authorized(request.headers, request.cookies):
             response = None
@@ -139,10 +162,14 @@ class Guard:
         else:
             response = RedirectResponse("/login", status_code=303)
         if response is not None:
+            if request.headers.get("content-length", "0") != "0":
+                response.headers["connection"] = "close"  # its body is not read
             await response(scope, receive, _with_headers(send, static=False))
             return
         static = request.url.path.startswith("/static/")
-        await self.app(scope, receive, _with_headers(send, static))
+        upload = scope["method"] == "POST" and request.url.path == UPLOAD_PATH
+        most = self.upload_limit() if upload else SMALL_BODY
+        await self.app(scope, _counted(receive, most), _with_headers(send, static))
 
     def check_csrf(self, request: Request, form_value: str | None) -> bool:
         """A POST that may act: bearer-authenticated, or carrying the CSRF token."""
@@ -150,6 +177,21 @@ class Guard:
             return True
         given = form_value or request.headers.get("x-csrf-token", "")
         return hmac.compare_digest(given.encode(), self.csrf.encode())
+
+
+def _counted(receive: Receive, most: int) -> Receive:
+    """`receive`, raising BodyTooLarge once the body has gone past `most` bytes."""
+    got = 0
+
+    async def counted() -> Message:
+        nonlocal got
+        message = await receive()
+        if message["type"] == "http.request":
+            got += len(message.get("body", b""))
+            if got > most:
+                raise BodyTooLarge(most)
+        return message
+    return counted
 
 
 def _with_headers(send: Send, static: bool) -> Send:

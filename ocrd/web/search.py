@@ -7,7 +7,10 @@ finds "Müller"). Chinese, Japanese and Korean text has no spaces between words,
 of its characters is indexed as a word of its own and a query's CJK run is searched as a
 phrase of adjacent characters: "東京" finds "東京都", and a one-character query works
 (a trigram index would need three). The index is disposable: a damaged one is removed and
-rebuilt from the outbox.
+rebuilt from the outbox, and one that is deleted or replaced is let go of (each
+connection knows the file it opened by its device and inode, as config/roots.py knows
+folders) and rebuilt or taken as it is: by the indexer within a round, by each console
+thread at its next search.
 """
 
 from __future__ import annotations
@@ -208,6 +211,15 @@ class Hit:
     snippet: str  # HTML: escaped text, hits in <mark>
 
 
+def identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at path now; None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class SearchIndex:
     """The index file. One connection per thread; writes from the indexer only."""
 
@@ -216,12 +228,17 @@ class SearchIndex:
         if readonly:
             self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5,
                                       check_same_thread=False)
-            return
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None,
-                                  check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # disposable: rebuilt if lost
-        self.db.executescript(SCHEMA)
+        else:
+            self.db = sqlite3.connect(path, timeout=30, isolation_level=None,
+                                      check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")  # disposable: rebuilt if lost
+            self.db.executescript(SCHEMA)
+        self.ident = identity(path)  # the file this connection has open
+
+    def current(self) -> bool:
+        """The file at the index's path is still the one this connection has open."""
+        return self.ident is not None and identity(self.path) == self.ident
 
     @classmethod
     def open_or_rebuild(cls, path: Path) -> SearchIndex:
@@ -374,6 +391,14 @@ class Indexer:
                                     f"than {MIN_FREE_BYTES // 1024**2} MiB free")
                         said = "low_space"
                 else:
+                    if index is not None and not index.current():
+                        # deleted or replaced: writing on into the old file would fill
+                        # a file nobody sees (and keep its space)
+                        log.warning("search_index_replaced", path=str(self.path),
+                                    then="rebuilt from the outbox, or the file there now "
+                                    "taken as it is")
+                        index.close()
+                        index = None
                     if index is None:
                         index = SearchIndex.open_or_rebuild(self.path)
                     while not self._stop.is_set() and self.step(index):

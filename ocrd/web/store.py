@@ -108,8 +108,12 @@ class Store:
         return journal
 
     def search_index(self) -> SearchIndex | None:
-        """This thread's read-only connection to the search index (None: not there yet)."""
+        """This thread's read-only connection to the search index (None: not there yet),
+        opened again when the file is not the one it has open (deleted, rebuilt)."""
         index = getattr(self._local, "search", None)
+        if index is not None and not index.current():
+            self.forget_search_index()
+            index = None
         if index is None:
             if not self.search_path.exists():
                 return None

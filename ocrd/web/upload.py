@@ -1,7 +1,12 @@
 """A file uploaded through the console, dropped into an inbox as a scanner would.
 
+The form's body is parsed as it arrives (`UploadForm`): its file part is taken only when
+the CSRF token came before it (or with the request's headers), and only up to the limit;
+nothing of a refused or oversized file stays anywhere.
+
 The browser's file name is hostile input: only its last component is kept (after `/`
-or `\\`), control characters and leading dots go, and a name the inbox would ignore or
+or `\\`), the characters `names.printable` would escape (control characters,
+bidirectional overrides) and leading dots go, and a name the inbox would ignore or
 refuse is refused here. The bytes are written under a temporary name the inbox ignores
 (`.ocrd-upload-….part`), synced, then renamed into place without replacing anything: a
 taken name gets `-2`, `-3` … The inbox is walked from its folder descriptor; nothing is
@@ -14,16 +19,20 @@ import contextlib
 import os
 import re
 import secrets
+from collections.abc import AsyncGenerator, Callable
 from typing import BinaryIO
+
+from starlette.datastructures import Headers
+from starlette.formparsers import MultiPartParser
 
 from ocrd.config.settings import InboxConfig
 from ocrd.intake.watch import Ignore
+from ocrd.names import is_control
 from ocrd.outputs.destinations import split_ext
 from ocrd.safefs import Dir
 
 CHUNK = 1 << 20
 MAX_NAME_BYTES = 200
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class UploadError(Exception):
@@ -34,10 +43,49 @@ class UploadTooLarge(UploadError):
     pass
 
 
+class UploadRefused(UploadError):
+    """The file came without a CSRF token before it that allows it."""
+
+
+class UploadForm(MultiPartParser):
+    """An upload's multipart body, parsed as it arrives. When its file part begins, the
+    fields before it must allow it (`allowed(fields)`: the CSRF check), or UploadRefused
+    ends the request before a byte of the file is kept; past `limit` bytes of the file,
+    UploadTooLarge ends it. Either way what was spooled is closed and gone. (A browser
+    sends the fields in the form's order, and the form has its token first.)"""
+
+    def __init__(self, headers: Headers, stream: AsyncGenerator[bytes, None], limit: int,
+                 allowed: Callable[[dict[str, str]], bool]) -> None:
+        super().__init__(headers, stream, max_files=1, max_fields=8)
+        self.limit = limit
+        self.allowed = allowed
+        self.file_bytes = 0
+
+    def fields(self) -> dict[str, str]:
+        return {k: v for k, v in self.items if isinstance(v, str)}
+
+    def on_headers_finished(self) -> None:
+        super().on_headers_finished()
+        if self._current_part.file is not None and not self.allowed(self.fields()):
+            raise UploadRefused("missing or wrong CSRF token")
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._current_part.file is not None:
+            self.file_bytes += end - start
+            if self.file_bytes > self.limit:
+                raise too_large(self.limit)
+        super().on_part_data(data, start, end)
+
+
+def too_large(limit: int) -> UploadTooLarge:
+    return UploadTooLarge(f"The file is larger than the console takes ({limit} bytes, "
+                          "web.upload_max_bytes).")
+
+
 def upload_name(given: str, box: InboxConfig) -> str:
     """The name the file gets in the inbox, or UploadError."""
     name = re.split(r"[/\\]", given or "")[-1]
-    name = _CONTROL.sub("", name).strip().lstrip(".").strip()
+    name = "".join(ch for ch in name if not is_control(ch)).strip().lstrip(".").strip()
     while len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
         stem, ext = split_ext(name)
         name = stem[:-1] + ext if stem else name[:-1]
@@ -86,8 +134,7 @@ def _copy(data: BinaryIO, fd: int, limit: int) -> None:
     while chunk := data.read(CHUNK):
         written += len(chunk)
         if written > limit:
-            raise UploadTooLarge(f"the file is larger than the console takes "
-                                 f"(web.upload_max_bytes = {limit})")
+            raise too_large(limit)
         view = memoryview(chunk)
         while view:
             view = view[os.write(fd, view):]

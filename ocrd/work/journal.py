@@ -45,6 +45,8 @@ CREATE INDEX IF NOT EXISTS jobs_path ON jobs(inbox, relpath);
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished);
 CREATE INDEX IF NOT EXISTS jobs_state_finished ON jobs(state, finished);
 CREATE INDEX IF NOT EXISTS jobs_reason ON jobs(reason);
+-- (inbox, id): an inbox's rows newest first, as the console lists them, without a sort
+CREATE INDEX IF NOT EXISTS jobs_inbox ON jobs(inbox);
 -- a person's turn of a page (the console's "turn this page"), by the document's content:
 -- every later conversion of it reads that page turned so, clockwise
 CREATE TABLE IF NOT EXISTS turns (
@@ -73,6 +75,11 @@ DISMISSED = "dismissed"
 _UNWRITABLE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN",
                "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL")
 _CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+# SQLite's integers are 64-bit and signed: no row has an id beyond this, and a larger
+# number (an id or an offset from a URL) would not even reach SQLite (OverflowError).
+MAX_INTEGER = 2**63 - 1
 
 
 class JournalUnwritable(OSError):
@@ -270,6 +277,9 @@ class Journal:
 
     @_guarded
     def get(self, job_id: int) -> Job | None:
+        """The row, or None (also for an id no row can have: a URL's id is anything)."""
+        if not 0 <= job_id <= MAX_INTEGER:
+            return None
         return self._one("WHERE id=?", job_id)
 
     @_guarded
@@ -285,6 +295,23 @@ class Journal:
             "AND size=? AND mtime_ns=? LIMIT 1",
             (to_db(inbox), to_db(relpath), size, mtime_ns)).fetchone()
         return row is not None
+
+    @_guarded
+    def kept_among(self, inbox: str, keys: list[tuple[str, int, int]]
+                   ) -> set[tuple[str, int, int]]:
+        """`is_kept` for many (relpath, size, mtime_ns) at once: those kept."""
+        wanted = set(keys)
+        found: set[tuple[str, int, int]] = set()
+        for start in range(0, len(keys), 500):  # SQLite's bound parameters per statement
+            chunk = [to_db(k[0]) for k in keys[start:start + 500]]
+            marks = ",".join("?" * len(chunk))
+            for relpath, size, mtime_ns in self.db.execute(
+                    "SELECT relpath, size, mtime_ns FROM jobs WHERE inbox=? AND kept=1 AND "
+                    f"state='done' AND relpath IN ({marks})", (to_db(inbox), *chunk)):
+                key = (from_db(relpath), size, mtime_ns)
+                if key in wanted:
+                    found.add(key)
+        return found
 
     def counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))

@@ -33,7 +33,7 @@ from ocrd.outputs import destinations, records
 from ocrd.work import kept as kept_marks
 from ocrd.work.area import WORK_DIR_NAME, InboxView, SeenFile
 from ocrd.work.item import Item
-from ocrd.work.journal import Journal, JournalUnwritable
+from ocrd.work.journal import Journal, JournalCorrupt, JournalUnwritable
 
 log = structlog.get_logger("ocrd.work.outcomes")
 
@@ -159,6 +159,29 @@ class Outcomes:
               st: os.stat_result) -> None:
         kept_marks.mark(root, relpath, st.st_size, st.st_mtime_ns, item.inbox.perms,
                   sha256=item.sha256, instance=item.inbox.instance)
+
+    def kept_among(self, inbox: InboxView, entries: list[SeenFile]) -> set[tuple[str, int, int]]:
+        """`is_kept` for a scan's regular files at once, in the scan's thread: the
+        journal asked through a connection of its own, in batches; the share's marks
+        (on_success: keep) from one listing of their folder. Returns their keys
+        (relpath, size, mtime_ns)."""
+        keys = [key for e in entries
+                if (key := (e.relpath, e.size, e.mtime_ns)) not in inbox.kept]
+        if not keys:
+            return set()
+        try:
+            journal = Journal(self.journal.path, readonly=True)
+            try:
+                known = journal.kept_among(str(inbox.path), keys)
+            finally:
+                journal.close()
+        except (JournalUnwritable, JournalCorrupt):
+            known = set()
+        if inbox.cfg.on_success == "keep":
+            rest = [k for k in keys if k not in known]
+            with contextlib.suppress(OSError), inbox.open_root() as root:
+                known |= kept_marks.marked_among(root, rest)
+        return known
 
     def is_kept(self, inbox: InboxView, entry: SeenFile) -> bool:
         """A file converted with on_success: keep, unchanged since it was put back."""

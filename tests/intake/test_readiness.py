@@ -248,3 +248,34 @@ def test_a_pdf_that_reads_without_its_trailer_also_waits_incomplete_seconds() ->
                            fails_then=False)
     assert isinstance(decide(cand, NO_EOF, cand.entry, 5, 60, clock.t + 59.9), Wait)
     assert decide(cand, NO_EOF, cand.entry, 5, 60, clock.t + 60) == Claim(info=NO_EOF)
+
+
+def test_due_gives_the_soonest_first_up_to_a_limit_and_a_checked_one_comes_back() -> None:
+    """The tracker keeps when each candidate may be due (a heap): what is due comes out
+    soonest first, as many as asked for; a candidate being checked is not due, and is
+    due again as its check left it; the oldest are the longest unchanged."""
+    clock = Clock()
+    t = Tracker(5, fast_close=False, clock=clock)
+    a = t.observe(entry("a.pdf"))
+    clock.t += 1
+    b = t.observe(entry("b.pdf"))
+    clock.t += 1
+    c = t.observe(entry("c.pdf"))
+    clock.t += 10
+    assert t.due(2) == [a, b]
+    assert t.due() == [a, b, c]  # asking changes nothing
+    a.busy = True  # its check begins
+    assert t.due() == [b, c] and t.next_wakeup() == 0.0
+    t.recheck_later(a)  # the check found it incomplete ...
+    t.checked(a)  # ... and ended: due when the recheck is
+    assert t.due() == [b, c]
+    clock.t += 60
+    assert t.due() == [b, c, a]
+    t.forget("b.pdf")
+    assert t.due() == [c, a]
+    assert [x.entry.relpath for x in t.oldest(5)] == ["a.pdf", "c.pdf"]
+    t.observe(entry("a.pdf", 99))  # it changed: the newest now, and quiet again
+    assert [x.entry.relpath for x in t.oldest(5)] == ["c.pdf", "a.pdf"]
+    assert t.due() == [c] and t.next_wakeup() == 0.0
+    t.quiet = 100  # a reload: the new quiet period counts for every candidate
+    assert t.due() == [] and t.next_wakeup() == 100 - (clock.t - c.last_change)

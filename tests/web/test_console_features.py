@@ -19,6 +19,7 @@ import pytest
 from console_site import build
 from helpers import wait_for
 
+from ocrd import names
 from ocrd.config.load import parse_config
 from ocrd.intake.readiness import Tracker
 from ocrd.intake.waiting import waiting_files
@@ -122,6 +123,55 @@ def test_the_indexer_fills_the_index_and_the_console_answers(site) -> None:
     assert b"<mark>quarterly</mark>" in html
     assert site.get("/api/search?q=")[0] == 400
     assert site.get("/api/search?q=x&limit=0")[0] == 400
+
+
+def _open_deleted(path: Path) -> list[str]:
+    """This process's descriptors on a deleted file that was at path (or its -wal)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(path)) and target.endswith(" (deleted)"):
+                out.append(target)
+    return out
+
+
+def test_a_deleted_index_comes_back_frees_its_space_and_every_thread_sees_it(
+        tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from console_site import _done
+
+    from ocrd.work.journal import Journal
+
+    site = build(tmp_path)
+    try:
+        path = site.cfg.state_dir / "search.sqlite3"
+        wait_for(lambda: site.json("/api/search?q=quarterly")["total"] == 1, 30, "indexed")
+        with ThreadPoolExecutor(8) as pool:  # several console threads hold a connection
+            assert all(t == 1 for t in pool.map(
+                lambda _: site.json("/api/search?q=quarterly")["total"], range(32)))
+        before = os.stat(path).st_ino
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + suffix).unlink()
+        journal = Journal(site.cfg.state_dir / "journal.sqlite3")
+        _done(journal, site.cfg.inboxes[0], "later.pdf", "A zeppelin arrived afterwards.")
+        journal.close()
+        # within an indexer round (2 s): a new index, filled from the journal again
+        wait_for(lambda: path.exists() and os.stat(path).st_ino != before, 15,
+                 "the index made anew")
+        wait_for(lambda: site.json("/api/search?q=zeppelin")["total"] == 1, 15,
+                 "the new index filled")
+        with ThreadPoolExecutor(8) as pool:
+            totals = list(pool.map(lambda w: site.json(f"/api/search?q={w}")["total"],
+                                   ["zeppelin", "quarterly"] * 16))
+        assert totals == [1] * 32, totals
+        # the deleted file is let go of: its space comes back (console threads that do
+        # not search again let go of theirs when they end, idle)
+        wait_for(lambda: not _open_deleted(path), 40, "no descriptor on the deleted index")
+    finally:
+        site.stop()
 
 
 def test_the_indexer_steps_past_rows_it_cannot_read(tmp_path: Path) -> None:
@@ -241,6 +291,26 @@ def test_upload_form_needs_csrf_and_writes_into_the_inbox_only(site) -> None:
     body, ctype = _multipart({"csrf": csrf, "inbox": "/etc"}, "x.pdf", b"%PDF-1.4 x")
     status, headers, _ = site.request("POST", "/upload", body, {"Content-Type": ctype})
     assert status == 303 and not Path("/etc/x.pdf").exists()
+
+
+def test_an_upload_name_is_shown_by_the_one_escaping_rule(site) -> None:
+    """A right-to-left override turns "invoice\u202efdp.exe" into "invoiceexe.pdf" on
+    screen: an upload's name loses what names.printable escapes, and the confirmation
+    shows names through printable, as every other page does."""
+    inbox = site.cfg.inboxes[0].path
+    csrf = site.json("/api/status")["csrf"]
+    hostile = "invoice\u202efdp\u2066.pdf"
+    body, ctype = _multipart({"csrf": csrf, "inbox": str(inbox)}, hostile, b"%PDF-1.4 x")
+    status, headers, _ = site.request("POST", "/upload", body, {"Content-Type": ctype})
+    assert status == 303 and headers["location"] == "/files?state=waiting"
+    text = _flash(headers)["text"]
+    assert "\u202e" not in text and "\u2066" not in text, text
+    assert names.printable(text) == text
+    [saved] = [p.name for p in inbox.iterdir()]
+    assert saved == "invoicefdp.pdf" and saved in text
+    cookie = headers["set-cookie"].split(";")[0]
+    _, _, page = site.get("/files?state=waiting", Cookie=cookie)
+    assert "invoicefdp.pdf" in page.decode() and "\u202e" not in page.decode()
 
 
 def test_upload_larger_than_the_limit_is_refused_before_reading(tmp_path: Path) -> None:

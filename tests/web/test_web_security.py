@@ -5,6 +5,7 @@ against DNS rebinding; a Content-Security-Policy on every answer."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -103,6 +104,31 @@ def test_a_symlink_in_the_outbox_is_not_followed(site, tmp_path: Path) -> None:
     os.symlink(tmp_path / "elsewhere", out / "report.assets")
     status, _, body = site.get(f"/files/{site.ids['done']}/assets/p0001-1.png")
     assert status == 404 and b"top secret" not in body
+
+
+ABSURD_IDS = ["99999999999999999999", str(2**63), str(2**64), "1" * 300]
+
+
+def test_absurd_ids_and_offsets_are_refused_without_a_traceback(
+        site, caplog: pytest.LogCaptureFixture) -> None:
+    """Ids past SQLite's 64 bits name no row: 404, as any unknown id; offsets past them
+    are a bad number (400). Nothing reaches the log."""
+    caplog.set_level(logging.INFO)
+    csrf = {"X-CSRF-Token": site.json("/api/status")["csrf"]}
+    for big in ABSURD_IDS:
+        for path in (f"/files/{big}", f"/api/files/{big}", f"/files/{big}/download/md",
+                     f"/files/{big}/open/original", f"/files/{big}/assets/p0001-1.png",
+                     f"/files/{big}/pages/1.jpg", f"/files/{big}/pages/1"):
+            assert site.get(path)[0] == 404, path
+        for path in (f"/api/files/{big}/retry", f"/api/files/{big}/dismiss"):
+            assert site.request("POST", path, headers=csrf)[0] == 409, path
+        for path in (f"/files/{big}/retry", f"/files/{big}/dismiss"):
+            status, headers, _ = site.request("POST", path, body=b"", headers=csrf)
+            assert status == 303 and headers["location"] == "/failed", path
+        for path in (f"/api/files?offset={big}", f"/api/search?q=hello&offset={big}"):
+            assert site.get(path)[0] == 400, path
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert loud == [], [r.getMessage() for r in loud]
 
 
 def test_every_answer_has_the_security_headers(site) -> None:
