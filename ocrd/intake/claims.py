@@ -46,12 +46,13 @@ class Claims:
         file that was probed, to compare the claimed entry with. Returns the Item, or
         None when the entry is gone (another daemon took it). Raises JournalUnwritable
         (nothing moved) and OSError (the work area cannot be written)."""
-        job_id = self.journal.begin_claim(str(inbox.path), entry.relpath, "", entry.size,
-                                          entry.mtime_ns)
+        job_id = self.journal.open_claim(
+            str(inbox.path), entry.relpath, entry.size, entry.mtime_ns,
+            lambda job: Item(job, inbox, entry.relpath,
+                             claim_parts(inbox, job, entry.relpath)).claim_path)
         item = Item(job_id, inbox, entry.relpath, claim_parts(inbox, job_id, entry.relpath),
                     info, error=error)
         try:
-            self.journal.set_claim_path(job_id, item.claim_path)
             moved = self._move_in(inbox, folder, entry, item)
         except BaseException:
             self.journal.drop(job_id)

@@ -44,6 +44,11 @@ CHECKS_AT_ONCE = 8
 # ... and started, waiting for their turn: a huge backlog of due files starts this many,
 # and more as they end, not a task for each file in one turn of the loop.
 CHECKS_STARTED = 64
+# Files claimed and queued (not yet converting) beyond which the intake claims no more:
+# the rest wait in their inbox — where another daemon on the share may take them — and
+# are claimed as the queue drains. Claiming far ahead of the engine would only fill the
+# work area and hold up the loop with the claims' journal commits.
+CLAIMED_AHEAD = 256
 
 
 class Intake:
@@ -70,6 +75,9 @@ class Intake:
         self._state_ok = True
         self._next_state_check = 0.0
         self._state_check: asyncio.Task | None = None
+        # files queued ahead when the intake last looked, when it holds back its claims
+        # for them (else 0): what a due file waits for
+        self.queued_ahead = 0
 
     async def run(self, queue_depth: Callable[[], int], active: Callable[[], int]) -> None:
         while not self.stopping:
@@ -80,15 +88,17 @@ class Intake:
             self.inboxes.start_scans(now, self.cfg.rescan_seconds, self.cfg.poll_seconds,
                                      self.metrics.rescans.inc)
             self.inboxes.apply_hints()
+            queued = queue_depth()
+            self.queued_ahead = queued if queued >= CLAIMED_AHEAD else 0
             if self.engine_open.is_set() and now >= self.journal_paused_until and \
-                    self._state_folder_ok(now):
+                    not self.queued_ahead and self._state_folder_ok(now):
                 self._start_checks(now)
             self.metrics.candidates.set(sum(len(i.tracker) for i in self.inboxes))
             self.metrics.set_paused({str(i.path): why for i in self.inboxes
                                      if (why := i.paused_why) is not None})
             self.metrics.set_unread({str(i.path): i.unread.files for i in self.inboxes
                                      if i.unread is not None})
-            self.metrics.queue_depth.set(queue_depth())
+            self.metrics.queue_depth.set(queued)
             self.metrics.active_files.set(active())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.inboxes.next_wait(time.monotonic())):

@@ -19,13 +19,15 @@ _CUT_SHORT = {"empty": "empty", "truncated": "truncated (incomplete)",
 
 
 def waiting_files(inbox: Inbox, engine_open: bool, now: float, wall: float,
-                  limit: int = 200) -> tuple[WaitingFile, ...]:
-    """The inbox's candidates, oldest first, at most `limit`."""
-    return tuple(_one(inbox, c, engine_open, now, wall) for c in inbox.tracker.oldest(limit))
+                  limit: int = 200, queued_ahead: int = 0) -> tuple[WaitingFile, ...]:
+    """The inbox's candidates, oldest first, at most `limit`; `queued_ahead`: files
+    claimed and queued for the engine, for which the intake holds back its claims."""
+    return tuple(_one(inbox, c, engine_open, now, wall, queued_ahead)
+                 for c in inbox.tracker.oldest(limit))
 
 
 def _one(inbox: Inbox, cand: Candidate, engine_open: bool, now: float,
-         wall: float) -> WaitingFile:
+         wall: float, queued_ahead: int = 0) -> WaitingFile:
     cfg = inbox.cfg
 
     def at(mono: float) -> float:
@@ -61,5 +63,8 @@ def _one(inbox: Inbox, cand: Candidate, engine_open: bool, now: float,
     if now < quiet_at and not cand.closed:
         return WaitingFile(**base, why=f"changed recently: waits until it is unchanged "
                            f"for {cfg.quiet_seconds:g} s", reason="changing", until=at(quiet_at))
+    if queued_ahead:
+        return WaitingFile(**base, why=f"waits its turn: {queued_ahead} claimed files are "
+                           "queued for the engine ahead of it", reason="queued")
     return WaitingFile(**base, why="ready to be checked", reason="due",
                        until=at(max(now, cand.next_check)))

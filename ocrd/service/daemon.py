@@ -363,18 +363,20 @@ class Daemon:
             pages_per_second=self.heartbeat.rate(now) if self.heartbeat else 0.0,
             pages_in_flight=parts.slots.used, queued=parts.scheduler.queued,
             converting=len(parts.scheduler.active),
-            inboxes=tuple(_inbox_live(i, engine_open, now, wall) for i in parts.inboxes),
+            inboxes=tuple(_inbox_live(i, engine_open, now, wall, parts.intake.queued_ahead)
+                          for i in parts.inboxes),
             converting_files=converting_files(parts.converter.documents.values(), wall),
             version=__version__)
 
 
-def _inbox_live(inbox: Inbox, engine_open: bool, now: float, wall: float) -> InboxLive:
+def _inbox_live(inbox: Inbox, engine_open: bool, now: float, wall: float,
+                queued_ahead: int = 0) -> InboxLive:
     """One inbox as the console and `ocrd status` show it."""
     unread = inbox.unread
     return InboxLive(names.shown(str(inbox.path)), inbox.watch, inbox.available,
                      len(inbox.tracker), inbox.paused_why is not None,
                      names.printable(inbox.paused_why or "") or None,
-                     waiting_files(inbox, engine_open, now, wall),
+                     waiting_files(inbox, engine_open, now, wall, queued_ahead=queued_ahead),
                      unread=unread.files if unread else 0,
                      unread_first=names.shown(unread.first) if unread and unread.first
                      else None,

@@ -217,6 +217,21 @@ class Journal:
         return int(cur.lastrowid or 0)
 
     @_guarded
+    def open_claim(self, inbox: str, relpath: str, size: int, mtime_ns: int,
+                   claim_path: Callable[[int], str]) -> int:
+        """A claim's row (state `claiming`) with the path the file will have in the work
+        area, which names the row's id (`claim_path(id)`): one commit, not two."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            job_id = self.begin_claim(inbox, relpath, "", size, mtime_ns)
+            self.set_claim_path(job_id, claim_path(job_id))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return job_id
+
+    @_guarded
     def set_claim_path(self, job_id: int, claim_path: str) -> None:
         self.db.execute("UPDATE jobs SET claim_path=? WHERE id=?", (to_db(claim_path), job_id))
 

@@ -3,7 +3,8 @@ outcomes and intake; files on disk): a scan asks the journal about its files in 
 batch, beside the loop, never once per file on it; it hands what it found to the
 readiness tracker in parts, the loop turning in between; a rescan leaves unchanged files
 alone and still sees a changed one; and a backlog of due files starts a bounded number
-of checks, not one task per file. How long the loop is blocked is measured by
+of checks, not one task per file; and no claims are made while enough files wait
+queued for the engine. How long the loop is blocked is measured by
 bench/intake.py, not here."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from ocrd.config.load import parse_config
 from ocrd.config.settings import Config
 from ocrd.intake.claims import Claims
 from ocrd.intake.inboxes import OBSERVE_SLICE, Inboxes
-from ocrd.intake.loop import CHECKS_STARTED, Intake
+from ocrd.intake.loop import CHECKS_STARTED, CLAIMED_AHEAD, Intake
+from ocrd.intake.waiting import waiting_files
 from ocrd.intake.watch import Entry
 from ocrd.render.pool import RenderPool
 from ocrd.service.metrics import Metrics
@@ -167,3 +170,49 @@ def test_a_backlog_of_due_files_starts_a_bounded_number_of_checks(tmp_path: Path
 
     started = asyncio.run(scenario())
     assert 0 < started <= CHECKS_STARTED, started
+
+
+def test_no_file_is_claimed_while_enough_wait_queued_for_the_engine(tmp_path: Path) -> None:
+    """With CLAIMED_AHEAD files claimed and queued, ready files stay in their inbox
+    (another daemon on the share may take them; this one's loop makes no claims meanwhile)
+    and say why; as the queue drains, the checks start again."""
+    cfg = config(tmp_path, on_success="delete", quiet_seconds=0)
+    fill(tmp_path / "inbox", 20)
+    queued = [CLAIMED_AHEAD]
+
+    async def scenario() -> tuple[int, list[str], int]:
+        journal = Journal(cfg.state_dir / "journal.sqlite3")
+        inboxes = Inboxes("e" * 32, is_kept=lambda *_: False)
+        box = inboxes.add(cfg.inboxes[0])
+        pool = RenderPool(1)
+        await pool.start()
+        engine_open = asyncio.Event()
+        engine_open.set()
+        metrics = Metrics()
+        intake = Intake(cfg, inboxes, Claims(journal, metrics), pool, lambda item: None,
+                        engine_open, metrics, lambda: None)
+        try:
+            await inboxes.scan(box, lambda: None)
+            box.next_scan = float("inf")
+            running = asyncio.create_task(intake.run(lambda: queued[0], lambda: 0))
+            for _ in range(5):  # turns of the loop
+                await asyncio.sleep(0)
+            held = sum(1 for t in asyncio.all_tasks() if t.get_name() == "check")
+            reasons = [w.reason for w in waiting_files(
+                box, True, time.monotonic(), time.time(), queued_ahead=intake.queued_ahead)]
+            queued[0] = 0  # the queue drained
+            inboxes.wake.set()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            started = sum(1 for t in asyncio.all_tasks() if t.get_name() == "check")
+            await intake.stop()
+            await running
+            return held, reasons, started
+        finally:
+            inboxes.stop()
+            await pool.close()
+            journal.close()
+
+    held, reasons, started = asyncio.run(scenario())
+    assert held == 0 and set(reasons) == {"queued"}, reasons
+    assert started > 0
