@@ -255,9 +255,12 @@ class TreeRss:
 
 
 def daemon_config(root: Path, engine: dict, **top: Any) -> dict:
-    """A daemon config for one benchmark: one inbox under root, JSON logs at info level
+    """A daemon config for one benchmark: one inbox under root, its folders made (as an
+    admin makes them: a missing one would pause the inbox), JSON logs at info level
     (what a production daemon logs), no metrics port (runs must not collide)."""
     inbox = top.pop("inbox", {})
+    for folder in ("outbox", "failed", "archive"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
     return {
         "state_dir": str(root / "state"),
         "engine": engine,
