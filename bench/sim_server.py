@@ -21,12 +21,17 @@ import io
 import socket
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 MODEL = "deepseek-ai/DeepSeek-OCR-2"
 
 
 def build_app(sim: dict):
     from PIL import Image
+    # the simulated engine lives with the tests (tests/simulated_engines.py)
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
     from simulated_engines import SIMULATED, SimulatedEngine
     from starlette.applications import Starlette
     from starlette.requests import Request
