@@ -176,7 +176,7 @@ def test_loop_is_retried_and_the_page_kept(engine: VllmEngine, loop_thread: Any)
     # 3 tokens cannot reach the end of any page: every try ends with "length"
     with settings(engine, max_tokens=3, loop_retries=2):
         out = loop_thread.run(engine.ocr(as_page(noise(1))))
-        retry = engine._params(engine._api, attempt_settings(engine.cfg.ngram, 2))
+        retry = engine._params(engine._api, attempt_settings(engine.cfg.deepseek_ocr2.ngram, 2))
     assert out.attempts == 3 and out.finish_reason == "length"
     assert out.extra["attempt_finish_reasons"] == ["length"] * 3
     assert out.degraded and "length" in out.degraded
