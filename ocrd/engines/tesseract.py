@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +27,7 @@ from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
 from ocrd.layout import page as layout
-from ocrd.layout.reading import Ink, Reading
+from ocrd.layout.reading import Box, Ink, Look, Reading
 from ocrd.outputs.page import PageOutput, Word
 from ocrd.render import modes
 
@@ -100,8 +102,8 @@ class TesseractEngine(Engine):
                         (tsv, text), rotation = again, angle
                         turned_image = turned.image
         # layout analysis is CPU work: off the event loop
-        reading, text, words = await asyncio.to_thread(_structure, page, tsv, text,
-                                                       turned_image)
+        reading, text, words = await asyncio.to_thread(
+            _structure, page, tsv, text, turned_image, self._look(page, turned_image))
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
             words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
@@ -152,6 +154,35 @@ class TesseractEngine(Engine):
                                f"{msg[-1] if msg else ''}")
         return out
 
+    def _look(self, page: PageRequest, turned: Image.Image | None) -> Look:
+        """A second look at parts of the page tesseract read: the parts cut out, stacked
+        one under another on a sheet, read in one run (a block of text, with only the
+        characters asked for); what each part reads as ("" where nothing) and the
+        confidence. It runs in the layout's thread, a small tesseract process of its
+        own."""
+        crop = _cropper(page, turned)
+
+        def look(boxes: list[Box], chars: str) -> list[tuple[str, float]]:
+            assert self.binary is not None
+            nothing = [("", 0.0)] * len(boxes)
+            sheet, bands = marks_sheet([crop(b) for b in boxes])
+            args = [self.binary, "stdin", "stdout", "-l", self.cfg.lang, "--psm", "6"]
+            if chars:
+                args += ["-c", f"tessedit_char_whitelist={chars}"]
+            if page.dpi >= 70:
+                args += ["--dpi", str(round(page.dpi))]
+            try:
+                done = subprocess.run([*args, "tsv"], input=pnm(sheet), capture_output=True,
+                                      timeout=self.cfg.timeout_seconds,
+                                      env={**os.environ, "OMP_THREAD_LIMIT": "1"})
+            except (OSError, subprocess.SubprocessError):
+                return nothing
+            if done.returncode != 0:
+                return nothing
+            return tesseract_tsv.band_texts(done.stdout.decode("utf-8", errors="replace"),
+                                            bands)
+        return look
+
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
                 "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
@@ -190,6 +221,48 @@ def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
         (left, y0, right, y1), count = dark
         return (left, y0 + top, right, y1 + top), count
     return ink
+
+
+def _cropper(page: PageRequest, turned: Image.Image | None,
+             ) -> Callable[[Box], Image.Image]:
+    """Parts of the page tesseract read, with a margin of two pixels, as grey images
+    (only their rows unpacked)."""
+    image = turned if turned is not None else page.image
+    width, height = image.size if image is not None else _size(page)
+
+    def crop(box: Box) -> Image.Image:
+        left, top = max(0, box[0] - 2), max(0, box[1] - 2)
+        right, bottom = min(width, max(left + 1, box[2] + 2)), min(height, max(top + 1,
+                                                                               box[3] + 2))
+        if image is not None:
+            part = image.crop((left, top, right, bottom))
+        else:
+            r = page.rendered
+            band = modes.band_image(r.mode, r.width, r.height, r.data, top, bottom)
+            part = band.crop((left, 0, right, band.height))
+        return part if part.mode == "L" else part.convert("L")
+    return crop
+
+
+_PAPER = [255 if v > 160 else v for v in range(256)]  # light grey: paper, made white
+
+
+def marks_sheet(parts: list[Image.Image]) -> tuple[Image.Image, list[tuple[int, int]]]:
+    """Small parts of a page one under another on a white sheet, as many of their own
+    heights apart, with a margin around each; and the band of rows each one holds. Their
+    paper is made as white as the sheet's (a scan's light grey beside pure white throws
+    tesseract's threshold: "571.39" read as "a7 1.89")."""
+    parts = [p.point(_PAPER) for p in parts]
+    pad = 4
+    tall = max(p.height for p in parts) + 2 * pad
+    wide = max(p.width for p in parts) + 2 * pad
+    sheet = Image.new("L", (wide + 2 * tall, tall * (2 * len(parts) + 1)), 255)
+    bands = []
+    for k, part in enumerate(parts):
+        top = tall * (2 * k + 1)
+        sheet.paste(part, (tall + pad, top + pad + (tall - 2 * pad - part.height) // 2))
+        bands.append((top - tall // 2, top + tall + tall // 2))
+    return sheet, bands
 
 
 def _size(page: PageRequest) -> tuple[int, int]:
@@ -235,10 +308,10 @@ def pnm(image: Image.Image) -> bytes:
     return header + bytes(data)
 
 
-def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None
-               ) -> tuple[Reading, str, list[Word]]:
+def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None,
+               look: Look | None = None) -> tuple[Reading, str, list[Word]]:
     """tesseract's reading of a page, its Markdown with the page's structure, and the
     words of the searchable PDF's text layer."""
     reading = tesseract_tsv.read(tsv, text)
-    return (reading, layout.to_markdown(reading, _ink(page, turned)),
+    return (reading, layout.to_markdown(reading, _ink(page, turned), look),
             tesseract_tsv.layer_words(reading))

@@ -25,7 +25,7 @@ from ocrd.layout.measure import (
     line_em,
     token_em,
 )
-from ocrd.layout.reading import Box, Ink, Line, Token, union
+from ocrd.layout.reading import Box, Ink, Line, Look, Token, union
 from ocrd.layout.regions import Region, is_noise
 from ocrd.layout.tables import Table
 from ocrd.outputs import cjk
@@ -40,6 +40,7 @@ class _Marker:
     left: int  # where the marker starts
     text_left: int  # where the item's words start
     token: Token | None = None  # the marker as read (None: not read at all)
+    box: Box | None = None  # where a marker that was not read shows in the pixels
 
 
 @dataclass
@@ -84,10 +85,12 @@ class Builder:
     """Walks the lines in reading order and groups them into headings, paragraphs and
     lists; tables come whole."""
 
-    def __init__(self, page: Metrics, lines: list[Line], ink: Ink | None) -> None:
+    def __init__(self, page: Metrics, lines: list[Line], ink: Ink | None,
+                 look: Look | None = None) -> None:
         self.page = page
         self._lines = lines
         self._ink = ink
+        self._look = look
         self.blocks: list[Block] = []
         # each of tesseract's paragraphs: its lines' type sizes
         self._pars: dict[tuple[int, int], list[float]] = {}
@@ -109,6 +112,7 @@ class Builder:
                 prev = line
         self._lost_first_items()
         self._single_unread_items()
+        self._read_lost_markers()
         self._long_headings()
         _heading_levels(self.blocks, self.page)
         return self.blocks
@@ -127,6 +131,37 @@ class Builder:
                     block.items[0].marker.kind == "lost":
                 self.blocks[k] = Block("paragraph", block.items[0].lines,
                                         column=block.column)
+
+    def _read_lost_markers(self) -> None:
+        """Markers that were not read as words (tesseract often takes a lone "3." for
+        dirt) read again from their pixels, all of the page's in one second look (digits
+        and letters only): numbers and letters keep the list's numbering; what still
+        reads as nothing stays an item without its marker."""
+        if self._look is None or self._ink is None:
+            return
+        lost: list[_Marker] = []
+        for block in self.blocks:
+            for item in block.items if block.kind == "list" else []:
+                marker = item.marker
+                if marker.kind == "lost" and marker.box is None:
+                    line = item.lines[0]
+                    em = self.page.em
+                    mark = self._mark_left_of(line.left - round(0.25 * em),
+                                              line.left - round(4 * em), line)
+                    if mark is not None and self._marker_shaped(mark[0], mark[1], line):
+                        marker.box = mark[0]
+                if marker.kind == "lost" and marker.box is not None:
+                    lost.append(marker)
+        if not lost:
+            return
+        found = self._look([m.box for m in lost if m.box], MARKER_CHARS)
+        for marker, (text, _) in zip(lost, found, strict=True):
+            read = _marker_text(text)
+            if read is not None:
+                marker.kind, marker.text, marker.value, marker.delim = read
+        for block in self.blocks:
+            if block.kind == "list":
+                _digits_read_as_letters(block)
 
     # -- reading one line ------------------------------------------------------------
 
@@ -169,7 +204,7 @@ class Builder:
                 return None
             box, count = mark
             if self._marker_shaped(box, count, line) and self._stands_alone(box, line):
-                return _Marker("lost", "", 0, "", box[0], line.left)
+                return _Marker("lost", "", 0, "", box[0], line.left, box=box)
             x = box[0] - 1
         return None
 
@@ -246,8 +281,11 @@ class Builder:
             line.tokens.insert(0, line.marker.token)
             line.left, line.marker = line.marker.left, None
         if line.marker is not None:
-            if cur is not None and cur.kind == "list":
-                cur.items.append(Item(self._depth(cur, line.marker), line.marker, [line]))
+            depth = self._depth(cur, line.marker) if cur is not None and cur.kind == "list" \
+                else None
+            if cur is not None and depth is not None and not (
+                    depth == 0 and _other_kind(cur, line.marker)):
+                cur.items.append(Item(depth, line.marker, [line]))
             else:
                 self.blocks.append(Block("list", items=[Item(0, line.marker, [line])],
                                           column=column))
@@ -386,6 +424,18 @@ class Builder:
             del self.blocks[k - 1]
 
 
+def _other_kind(block: Block, marker: _Marker) -> bool:
+    """Numbers right after bullets (or bullets after numbers) at a list's own depth: a
+    list of another kind begins."""
+    kinds = [_ordered(it.marker) for it in block.items if it.depth == 0
+             and it.marker.kind != "lost"]
+    return bool(kinds) and marker.kind != "lost" and _ordered(marker) != kinds[-1]
+
+
+def _ordered(marker: _Marker) -> bool:
+    return marker.kind in ("number", "letter", "roman")
+
+
 def _baseline(tokens: list[Token]) -> float:
     bottoms = [t.box[3] for t in tokens if ALNUM.search(t.text)
                and not any(c in DESCENDERS for c in t.text)]
@@ -418,6 +468,45 @@ def _speck(t: Token, page: Metrics) -> bool:
     return (not ALNUM.search(t.text) and not any(cjk.is_cjk(c) for c in t.text)
             and max(t.box[2] - t.box[0], t.box[3] - t.box[1]) < 0.4 * page.em
             and 0 <= t.conf < 60)
+
+
+# what a list marker is written with: digits, letters and their delimiters
+MARKER_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.)("
+# letters that a digit alone is often read as
+_DIGIT_LOOKALIKES = {"l": 1, "I": 1, "L": 1, "i": 1, "O": 0, "o": 0, "S": 5, "s": 5,
+                     "Z": 2, "z": 2, "B": 8, "G": 6, "b": 6, "g": 9, "q": 9, "T": 7, "A": 4}
+
+
+def _digits_read_as_letters(block: Block) -> None:
+    """In a numbered list, a marker read as a letter that a digit is often taken for
+    ("L." among "2.", "3.", "4."): the number that stands in its place."""
+    for depth in {it.depth for it in block.items}:
+        siblings = [it.marker for it in block.items if it.depth == depth]
+        numbers = [(k, m.value) for k, m in enumerate(siblings) if m.kind == "number"]
+        starts = {v - k for k, v in numbers}
+        if len(numbers) < 2 or len(starts) != 1:
+            continue
+        start = starts.pop()
+        for k, m in enumerate(siblings):
+            letter = m.text.strip("(").rstrip(".)")
+            if m.kind in ("letter", "roman") and _DIGIT_LOOKALIKES.get(letter) == \
+                    (start + k) % 10:
+                m.kind, m.value = "number", start + k
+                m.text = m.text.replace(letter, str(start + k))
+
+
+def _marker_text(text: str) -> tuple[str, str, int, str] | None:
+    """What a second look read where a marker stands, as a marker's (kind, text, value,
+    delimiter): a number or a letter with its full stop or bracket; None for anything
+    else (a bullet reads as nothing, or as a stray letter without a delimiter)."""
+    text = "".join(text.split())
+    if m := NUMBER.fullmatch(text):
+        return "number", m[1], int(m[2]), m[3]
+    if m := LETTER.fullmatch(text):
+        return "letter", m[1], ord(m[2].lower()) - 96, m[3]
+    if (m := ROMAN.fullmatch(text)) and m[2]:
+        return "roman", m[1], 0, m[3]
+    return None
 
 
 def _marker(tokens: list[Token], page: Metrics) -> _Marker | None:

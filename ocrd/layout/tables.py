@@ -4,9 +4,10 @@ apart from columns of prose.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ocrd.layout.measure import (
     ALNUM,
@@ -18,7 +19,12 @@ from ocrd.layout.measure import (
     line_em,
     marker_like,
 )
-from ocrd.layout.reading import Box, Line, Token, union
+from ocrd.layout.reading import Box, Line, Look, Token, union
+
+# a cell whose words tesseract read with less confidence than this is read again (a
+# lone figure in a sparse table is often read as letters)
+DOUBTFUL = 80.0
+_FIGURE = re.compile(r"[-+(]?[$€£]?\d[\d.,:/ ]*%?\)?")
 
 
 @dataclass
@@ -49,6 +55,22 @@ class Table:
     cells: list[list[str]]
     box: Box
     right_aligned: list[bool]
+    # cells read with little confidence, for a second look: (row, column, box, the
+    # lowest confidence of its words)
+    doubtful: list[tuple[int, int, Box, float]] = field(default_factory=list)
+    numeric: list[bool] = field(default_factory=list)  # columns of figures
+
+    def read_again(self, look: Look) -> None:
+        """Doubtful cells read again, each on its own: what the second look reads with
+        more confidence replaces them (in a column of figures, only figures; tesseract
+        reads figures better without being told that they are)."""
+        if not self.doubtful:
+            return
+        found = look([d[2] for d in self.doubtful], "")
+        for (row, column, _, conf), (text, again) in zip(self.doubtful, found, strict=True):
+            if text and again > conf and (not self.numeric[column] or
+                                          _FIGURE.fullmatch(text)):
+                self.cells[row][column] = text
 
 
 def _segments(lines: list[Line], rules: list[Rule], page: Metrics, skip: set[int],
@@ -147,6 +169,14 @@ def _find_tables(lines: list[Line], rules: list[Rule], page: Metrics, skip: set[
         j = i
         while j + 1 < len(rows) and _continues(rows[i:j + 1], rows[j + 1], rules, page):
             j += 1
+        columns = _columns(rows[i:j + 1])
+        if columns is not None:
+            fit = [_fits(row, columns) for row in rows[i:j + 1]]
+            if not fit[0]:  # a line that runs across the columns: not the table's
+                i += 1
+                continue
+            if not all(fit):
+                j = i + fit.index(False) - 1
         found = _grid(rows[i:j + 1], rules, page)
         if found is None:
             i += 1
@@ -208,7 +238,17 @@ def _grid(rows: list[_Row], rules: list[Rule], page: Metrics,
     right = [_right_aligned([row[c] for row in grid[1:] if row[c]])
              for c in range(len(columns))]
     taken = {s.line for row in rows for s in row.segments}
-    return Table(cells, box, right), taken
+    doubtful = [(r, c, union(t.box for t in cell), min(t.conf for t in cell))
+                for r, row in enumerate(grid) for c, cell in enumerate(row)
+                if cell and 0 <= min(t.conf for t in cell) < DOUBTFUL]
+    unsure = {(r, c) for r, c, _, _ in doubtful}
+    numeric = []
+    for c in range(len(columns)):  # by the cells read with confidence, if there are any
+        body = [r for r in range(1, len(cells)) if cells[r][c]]
+        sure = [r for r in body if (r, c) not in unsure] or body
+        numeric.append(sum(1 for r in sure if _FIGURE.fullmatch(cells[r][c])) >=
+                       0.6 * max(1, len(sure)))
+    return Table(cells, box, right, doubtful, numeric), taken
 
 
 def _ruled(box: Box, rules: list[Rule], page: Metrics) -> bool:
@@ -236,6 +276,17 @@ def _columns(rows: list[_Row]) -> list[tuple[int, int]] | None:
     if any(a[1] >= b[0] for a, b in zip(columns, columns[1:], strict=False)):
         return None
     return columns
+
+
+def _fits(row: _Row, columns: list[tuple[int, int]]) -> bool:
+    """Whether the row's cells keep to the columns: none runs across the white between
+    two of them, no two in one column (a list item, "1." and its words, standing right
+    above a table; a line of text under it)."""
+    gaps = [(a[1], b[0]) for a, b in zip(columns, columns[1:], strict=False)]
+    places = [_column_of(seg.box, columns) for seg in row.segments]
+    return len(set(places)) == len(places) and not any(
+        seg.box[0] < left and seg.box[2] > right for seg in row.segments
+        for left, right in gaps)
 
 
 def _column_of(box: Box, columns: list[tuple[int, int]]) -> int:
