@@ -58,7 +58,9 @@ SIMILAR = 0.8  # characters in common for a heading or an item to be "the same"
 READ = 0.8  # share of a heading's or item's words found anywhere: its text was read
 TABLE_FOUND = 0.5  # share of a truth table's words in one table of ours
 _WORD = re.compile(r"\w+")
-_BOXES = re.compile(r"^\s*(?:\[[ xX]\]|[☐☑☒])\s*")
+# what leads a list item's text but is its marker, not its words: a check box, or a
+# glyph the truth's own reading made a letter or a code of ("r", "SM590000")
+_BOXES = re.compile(r"^\s*(?:\[[ xX]\]|[☐☑☒]|SM590000\b|[a-z]\s(?=[A-Z]))\s*")
 
 
 # -- the corpus --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
 from ocrd.layout import page as layout
-from ocrd.layout.reading import Box, Ink, Look, Reading
+from ocrd.layout.reading import Box, Ink, Look, Reading, Stroke
 from ocrd.outputs.page import PageOutput, Word
 from ocrd.render import modes
 
@@ -103,7 +103,8 @@ class TesseractEngine(Engine):
                         turned_image = turned.image
         # layout analysis is CPU work: off the event loop
         reading, text, words = await asyncio.to_thread(
-            _structure, page, tsv, text, turned_image, self._look(page, turned_image))
+            _structure, page, tsv, text, turned_image, self._look(page, turned_image),
+            _stroke(page, turned_image))
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
             words = [replace(w, box=orientation.unturn(w.box, rotation, size)) for w in words]
@@ -202,12 +203,17 @@ def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
 
 
 def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
-    """Where the page tesseract read has dark pixels: for list markers it did not read."""
+    """Where the page tesseract read has marks (pixels that stand out from its paper):
+    for list markers and check boxes it did not read."""
     image = turned if turned is not None else page.image
     if image is not None or page.rendered is None:
         assert image is not None
-        return lambda box: modes.dark_box(image, box)
+        table = modes.marks_table(modes.paper(image.reduce(4) if min(image.size) >= 64
+                                              else image))
+        return lambda box: modes.dark_box(image, box, table)
     rendered = page.rendered
+    table = modes.marks_table(modes.paper(modes.reduced_grey(
+        rendered.mode, rendered.width, rendered.height, rendered.data, 4)))
 
     def ink(box: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int] | None:
         top = max(0, box[1])
@@ -215,7 +221,7 @@ def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
                                 rendered.data, top, box[3])
         if band.height == 0:
             return None
-        dark = modes.dark_box(band, (box[0], 0, box[2], band.height))
+        dark = modes.dark_box(band, (box[0], 0, box[2], band.height), table)
         if dark is None:
             return None
         (left, y0, right, y1), count = dark
@@ -265,6 +271,22 @@ def marks_sheet(parts: list[Image.Image]) -> tuple[Image.Image, list[tuple[int, 
     return sheet, bands
 
 
+def _stroke(page: PageRequest, turned: Image.Image | None) -> Stroke:
+    """How thick the strokes are on the page tesseract read (bold type from regular)."""
+    image = turned if turned is not None else page.image
+    if image is not None:
+        return lambda box: modes.stroke_width(image, box)
+    rendered = page.rendered
+
+    def stroke(box: Box) -> float | None:
+        band = modes.band_image(rendered.mode, rendered.width, rendered.height,
+                                rendered.data, box[1], box[3])
+        if band.height == 0:
+            return None
+        return modes.stroke_width(band, (box[0], 0, box[2], band.height))
+    return stroke
+
+
 def _size(page: PageRequest) -> tuple[int, int]:
     if page.rendered is not None:
         return page.rendered.width, page.rendered.height
@@ -309,9 +331,13 @@ def pnm(image: Image.Image) -> bytes:
 
 
 def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None,
-               look: Look | None = None) -> tuple[Reading, str, list[Word]]:
+               look: Look | None = None, stroke: Stroke | None = None,
+               ) -> tuple[Reading, str, list[Word]]:
     """tesseract's reading of a page, its Markdown with the page's structure, and the
     words of the searchable PDF's text layer."""
     reading = tesseract_tsv.read(tsv, text)
-    return (reading, layout.to_markdown(reading, _ink(page, turned), look),
+    # ruling lines tesseract does not report (it finds few): from the pixels
+    reading.rules.extend(modes.ruling_lines(_image(page) if turned is None else turned,
+                                            page.dpi))
+    return (reading, layout.to_markdown(reading, _ink(page, turned), look, stroke),
             tesseract_tsv.layer_words(reading))

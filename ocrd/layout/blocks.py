@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ocrd.layout.measure import (
     ALIGN,
     ALNUM,
+    BOLD,
     BULLET_READINGS,
     BULLETS,
     DESCENDERS,
@@ -18,14 +19,16 @@ from ocrd.layout.measure import (
     MAX_HEADING_WORDS,
     NUMBER,
     PARAGRAPH_GAP,
+    READABLE,
     ROMAN,
     ROUND_BULLETS,
+    TICKED,
     TITLE,
     Metrics,
     line_em,
     token_em,
 )
-from ocrd.layout.reading import Box, Ink, Line, Look, Token, union
+from ocrd.layout.reading import Box, Ink, Line, Look, Stroke, Token, union
 from ocrd.layout.regions import Region, is_noise
 from ocrd.layout.tables import Table
 from ocrd.outputs import cjk
@@ -33,7 +36,7 @@ from ocrd.outputs import cjk
 
 @dataclass
 class _Marker:
-    kind: str  # bullet, number, letter, roman, lost
+    kind: str  # bullet, number, letter, roman, box (a check box), lost
     text: str  # as read, e.g. "3." or "b)"; "" for a bullet or a lost marker
     value: int  # the number or letter's place (1 for "1." or "a)"); 0 for bullets
     delim: str  # "." or ")"
@@ -41,6 +44,7 @@ class _Marker:
     text_left: int  # where the item's words start
     token: Token | None = None  # the marker as read (None: not read at all)
     box: Box | None = None  # where a marker that was not read shows in the pixels
+    checked: bool = False  # a check box (kind "box") with a tick or a cross in it
 
 
 @dataclass
@@ -86,11 +90,13 @@ class Builder:
     lists; tables come whole."""
 
     def __init__(self, page: Metrics, lines: list[Line], ink: Ink | None,
-                 look: Look | None = None) -> None:
+                 look: Look | None = None, stroke: Stroke | None = None) -> None:
         self.page = page
         self._lines = lines
         self._ink = ink
         self._look = look
+        self._stroke = stroke
+        self._body: float | None = None  # the body text's stroke width, per em
         self.blocks: list[Block] = []
         # each of tesseract's paragraphs: its lines' type sizes
         self._pars: dict[tuple[int, int], list[float]] = {}
@@ -174,8 +180,15 @@ class Builder:
             marker = _marker(tokens, self.page)
         # "1. Introduction" in large type is a heading; a bullet in large type an item
         heading = (marker is None or marker.kind != "bullet") and self._heading_sized(line)
+        bold = not heading and marker is None and self._bold_heading(region, i)
         if heading:
             marker = None
+        if marker is None and not heading and len(tokens) > 1 and len(tokens[0].text) <= 2 \
+                and tokens[1].box[0] - tokens[0].box[2] >= 0.2 * self.page.em:
+            ticked = self._check_box(tokens[0].box)  # a check box read as letters
+            if ticked is not None:
+                marker = _Marker("box", "", 0, "", tokens[0].box[0], tokens[1].box[0],
+                                 tokens[0], box=tokens[0].box, checked=ticked)
         words = tokens[1:] if marker is not None else tokens
         words = [t for t in words if not _speck(t, self.page)] or words
         box = union(t.box for t in words)
@@ -183,8 +196,12 @@ class Builder:
                        marker, column=region.column)
         if heading:
             tl.heading = 1 if tl.em >= TITLE * self.page.em else 2
+        elif bold:
+            tl.heading = 2
         elif tl.marker is None:
             tl.marker = self._unread_marker(tl, region.column)
+        if tl.marker is not None and tl.marker.kind == "box" and not readable(words):
+            tl.marker = None  # an icon beside the labels of a screenshot
         return tl
 
     def _unread_marker(self, line: TextLine, column: tuple[int, int]) -> _Marker | None:
@@ -193,7 +210,8 @@ class Builder:
         start leftwards, a few ems at most; dust is passed over."""
         em = self.page.em
         right = line.left - round(0.25 * em)
-        limit = max(column[0] - round(0.5 * em), line.left - round(4 * em))
+        # (hanging in the margin, too: a list of check boxes is its column of text)
+        limit = max(column[0] - round(2.5 * em), line.left - round(4 * em), 0)
         if self._ink is None or right - limit < 0.5 * em or self._words_in(
                 (limit, line.top, right, line.bottom)):
             return None
@@ -203,6 +221,14 @@ class Builder:
             if mark is None:
                 return None
             box, count = mark
+            # a check box may reach above and below the line's letters: all of it
+            reach = round(0.5 * em)
+            whole = self._ink((box[0], line.top - reach, box[2], line.bottom + reach))
+            ticked = self._check_box(whole[0]) if whole is not None else None
+            if ticked is not None:
+                assert whole is not None
+                return _Marker("box", "", 0, "", box[0], line.left, box=whole[0],
+                               checked=ticked)
             if self._marker_shaped(box, count, line) and self._stands_alone(box, line):
                 return _Marker("lost", "", 0, "", box[0], line.left, box=box)
             x = box[0] - 1
@@ -228,6 +254,34 @@ class Builder:
                 break
             box = (more[0][0], box[1], box[2], box[3])
         return self._ink((box[0], line.top, box[2], line.bottom))
+
+    def _check_box(self, box: Box) -> bool | None:
+        """Whether a mark is a check box — a square a half to one and a third ems wide,
+        marked all along its four sides — and whether it is ticked (a tick or a cross
+        inside it: a box filled whole is a white box on a tinted form, one filled nearly
+        whole an icon); None: no check box."""
+        if self._ink is None:
+            return None
+        em = self.page.em
+        left, top, right, bottom = box
+        w, h = right - left, bottom - top
+        if h <= 0 or not (0.75 <= w / h <= 1.33 and 0.45 * em <= max(w, h) <= 1.35 * em):
+            return None
+        sx, sy = max(2, round(w * 0.15)), max(2, round(h * 0.15))
+        for side in ((left, top, right, top + sy), (left, bottom - sy, right, bottom),
+                     (left, top, left + sx, bottom), (right - sx, top, right, bottom)):
+            found = self._ink(side)
+            area = (side[2] - side[0]) * (side[3] - side[1])
+            if found is None or found[1] < 0.45 * area:
+                return None
+        dx, dy = round(w * 0.25), round(h * 0.25)
+        inner = (left + dx, top + dy, right - dx, bottom - dy)
+        found = self._ink(inner)
+        filled = found[1] / max(1, (inner[2] - inner[0]) * (inner[3] - inner[1])) \
+            if found else 0.0
+        if filled < TICKED or filled >= 0.95:
+            return False  # empty, or a white box on a tinted form
+        return True if filled <= 0.6 else None  # a tick or a cross; a filled icon
 
     def _stands_alone(self, box: Box, line: TextLine) -> bool:
         """White above and below the mark: not the edge of a picture beside the text."""
@@ -255,12 +309,70 @@ class Builder:
                    for b in self._words)
 
     def _heading_sized(self, line: Line) -> bool:
-        """A heading: a short line of large words, in a paragraph of such lines."""
+        """A heading: a short line of large words, in a paragraph of such lines, that
+        reads as words (not dirt read as letters)."""
         sizes = [s for t in line.tokens if (s := token_em(t))]
         if not 0 < len(sizes) <= MAX_HEADING_WORDS:
             return False
         em = self.page.em
-        return all(size >= HEADING * em for size in self._pars[(line.block, line.par)])
+        return all(size >= HEADING * em for size in self._pars[(line.block, line.par)]) \
+            and readable(line.tokens)
+
+    def _bold_heading(self, region: Region, i: int) -> bool:
+        """A heading in the body's size, set apart by its weight: a short line of words
+        (a page number is none) whose strokes are BOLD times as thick as the body's (for
+        their size), that starts where a paragraph may start, with no bold line right
+        before or after it in its block (a paragraph set bold, a sidebar's lines)."""
+        line = self._lines[i]
+        if self._stroke is None or not self._short_words(line):
+            return False
+        at = region.lines.index(i)
+        if at > 0:  # right under a line of its own paragraph that runs full: text
+            before = self._lines[region.lines[at - 1]]
+            if (before.block, before.par) == (line.block, line.par) and \
+                    before.box[2] >= region.box[2] - 2 * self.page.em:
+                return False
+        if not self._bold(line):
+            return False
+        return not any(self._bold(other) for other in self._neighbours(line))
+
+    def _neighbours(self, line: Line) -> list[Line]:
+        """The lines right above and below a line (side by side with it, less than two
+        lines' pitch away), whatever block tesseract put them in."""
+        box, pitch = line.box, 2 * self.page.pitch
+        out = []
+        for other in self._lines:
+            b = other.box
+            if other is not line and b[0] < box[2] and box[0] < b[2] and (
+                    0 <= box[1] - b[1] <= pitch or 0 < b[1] - box[1] <= pitch):
+                out.append(other)
+        return out
+
+    def _short_words(self, line: Line) -> bool:
+        words = [t for t in line.tokens if ALNUM.search(t.text)]
+        return 0 < len(words) <= MAX_HEADING_WORDS and readable(line.tokens) and any(
+            sum(c.isalpha() for c in t.text) >= 3 for t in words)
+
+    def _bold(self, line: Line) -> bool:
+        assert self._stroke is not None
+        body = self._body_stroke()
+        words = [t for t in line.tokens if ALNUM.search(t.text)]
+        weight = self._stroke(union(t.box for t in words)) if words else None
+        return body is not None and weight is not None and \
+            weight / line_em(line) >= BOLD * body
+
+    def _body_stroke(self) -> float | None:
+        """The body text's stroke width for its size (the median of some of its lines
+        of many words), once per page."""
+        if self._body is None and self._stroke is not None:
+            em = self.page.em
+            body = [ln for ln in self._lines if len(ln.tokens) >= 6
+                    and abs(line_em(ln) - em) <= 0.1 * em]
+            step = max(1, len(body) // 15)  # a few spread over the page will do
+            weights = [w / line_em(ln) for ln in body[::step]
+                       if (w := self._stroke(ln.box)) is not None]
+            self._body = statistics.median(weights) if weights else 0.0
+        return self._body or None
 
     # -- grouping ----------------------------------------------------------------------
 
@@ -493,6 +605,27 @@ def _digits_read_as_letters(block: Block) -> None:
                     (start + k) % 10:
                 m.kind, m.value = "number", start + k
                 m.text = m.text.replace(letter, str(start + k))
+
+
+_VOWELS = frozenset("aeiouyäöüàâéèêëîïôûåøæœ")
+
+
+def readable(tokens: list[Token]) -> bool:
+    """Whether a line reads as words, not as dirt or marks read as letters: read with
+    some confidence, and a word in it of letters that a word may be made of (a vowel
+    among them, capitals only at its start or throughout; three letters at least), or a
+    figure."""
+    confs = [t.conf for t in tokens if t.conf >= 0]
+    if confs and statistics.mean(confs) < READABLE:
+        return False
+    for t in tokens:
+        word = t.text.strip(".,:;!?()[]\"'“”‘’")
+        if any(c.isdigit() for c in word) and len(word) >= 2:
+            return True
+        if len(word) >= 3 and word.isalpha() and (word.isupper() or word[1:].islower()) \
+                and (any(c.lower() in _VOWELS for c in word) or not word.isascii()):
+            return True
+    return False
 
 
 def _marker_text(text: str) -> tuple[str, str, int, str] | None:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from ocrd.layout.blocks import Builder
 from ocrd.layout.measure import ALNUM, Metrics, Rule, attach_markers
-from ocrd.layout.reading import Box, Ink, Line, Look, Reading, Token
+from ocrd.layout.reading import Box, Ink, Line, Look, Reading, Stroke, Token
 from ocrd.layout.regions import column_edges, page_regions, reading_order, split_gutters
 from ocrd.layout.tables import page_tables
 from ocrd.layout.write import block_markdown
 
 
-def to_markdown(reading: Reading, ink: Ink | None = None, look: Look | None = None) -> str:
+def to_markdown(reading: Reading, ink: Ink | None = None, look: Look | None = None,
+                stroke: Stroke | None = None) -> str:
     """The page's Markdown: its blocks in reading order, a blank line between them.
     `ink` (where the page image is dark) finds list markers that were not read, and
     `look` reads them from the pixels, and table cells read with little confidence
-    again."""
+    again; `stroke` tells bold lines (headings in the body's size) from the body."""
     lines = [line for line in reading.lines if line.tokens]
     if not lines:
         return ""
@@ -29,7 +30,7 @@ def to_markdown(reading: Reading, ink: Ink | None = None, look: Look | None = No
     if turned is not None:  # text read as it lies on its side: its own frame
         lines, rules_boxes = turned
         reading = Reading(lines, rules_boxes)
-        ink = look = None
+        ink = look = stroke = None
     page = Metrics.of(lines)
     lines = attach_markers(lines, page)
     rules = [r for box in reading.rules if (r := Rule.of(box, page.em)) is not None]
@@ -41,7 +42,7 @@ def to_markdown(reading: Reading, ink: Ink | None = None, look: Look | None = No
     regions = page_regions(lines, used, tables, page)
     ordered = reading_order(regions, page)
     column_edges(ordered, lines, reading.width)
-    blocks = Builder(page, lines, ink, look).build(ordered)
+    blocks = Builder(page, lines, ink, look, stroke).build(ordered)
     return "\n\n".join(md for b in blocks if (md := block_markdown(b, page)))
 
 

@@ -16,6 +16,9 @@ Ink = Callable[[Box], "tuple[Box, int] | None"]
 # with only the characters given ("": any), and how confident the reading is (0-100;
 # "" and 0 for nothing).
 Look = Callable[[list[Box], str], list[tuple[str, float]]]
+# How thick the strokes of the dark pixels within a box are, in pixels (None without
+# any): bold type from regular.
+Stroke = Callable[[Box], "float | None"]
 
 
 
