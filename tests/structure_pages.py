@@ -22,7 +22,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Heading:
     text: str
-    level: int  # 1 or 2
+    level: int  # 1 or 2 (larger than the body), 3: bold in the body's size
 
 
 @dataclass(frozen=True)
@@ -269,6 +269,11 @@ def _page(kind: str, seed: int, rng: random.Random) -> Page:
             b.append(Heading(short_text(rng, 2, 5), 2))
             for _ in range(rng.randint(1, 2)):
                 b.append(Paragraph(prose(rng, (2, 3))))
+    elif kind == "bold_headings":  # a report's: bold, in the body's own size
+        b.append(Paragraph(prose(rng, (1, 2))))
+        for _ in range(rng.randint(3, 4)):
+            b.append(Heading(short_text(rng, 2, 5), 3))
+            b.append(Paragraph(prose(rng, (2, 3))))
     elif kind == "two_column":
         page.justify = rng.random() < 0.5
         page.hyphenate = True
@@ -390,7 +395,7 @@ class _Pen:
 
     def block(self, block: Block) -> None:
         if isinstance(block, Heading):
-            size = self.page.size * (1.9 if block.level == 1 else 1.45)
+            size = self.page.size * {1: 1.9, 2: 1.45}.get(block.level, 1.0)
             self.gap(0.6)
             self.line(block.text, font="Helvetica-Bold", size=size)
             self.gap(0.5)

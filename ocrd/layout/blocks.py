@@ -279,8 +279,10 @@ class Builder:
         found = self._ink(inner)
         filled = found[1] / max(1, (inner[2] - inner[0]) * (inner[3] - inner[1])) \
             if found else 0.0
-        if filled < TICKED or filled >= 0.95:
-            return False  # empty, or a white box on a tinted form
+        if filled >= 0.95:  # a white box on a tinted form: ticked in dark strokes
+            return self._stroke is not None and self._stroke(inner) is not None
+        if filled < TICKED:
+            return False
         return True if filled <= 0.6 else None  # a tick or a cross; a filled icon
 
     def _stands_alone(self, box: Box, line: TextLine) -> bool:

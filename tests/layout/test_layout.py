@@ -449,3 +449,20 @@ def test_a_numbered_list_above_a_table_is_not_taken_into_it() -> None:
     assert [b.kind for b in blocks] == ["item"] * 3 + ["table"], md
     assert [b.ordered for b in blocks[:3]] == [True] * 3
     assert blocks[3].rows == rows
+
+
+@pytest.mark.parametrize(("text", "conf"), [("WPWnP", 95.0), ("Xqz Wpt", 90.0),
+                                            ("Quarterly report", 40.0)])
+def test_no_heading_is_made_of_noise(text: str, conf: float) -> None:
+    """A large mark that tesseract read as letters (an unread list marker, a stamp):
+    letters no word is made of, or read with little confidence, are no heading."""
+    big = words_line(text, 100, 100, em=2 * EM, block=1)
+    big = Line([Token(t.text, t.box, conf) for t in big.tokens], 1, 1)
+    md = md_of([big, *paragraph_lines(BODY, 100, 250, 2)])
+    assert not md.startswith("#"), md
+
+
+def test_a_real_heading_of_large_words_still_is_one() -> None:
+    md = md_of([words_line("Quarterly report 2024", 100, 100, em=2 * EM, block=1),
+                *paragraph_lines(BODY, 100, 250, 2)])
+    assert md.startswith("# Quarterly report 2024"), md

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image, ImageDraw, ImageFont
 from structure_pages import (
     MIXED,
     Lines,
@@ -140,3 +141,88 @@ def test_a_page_of_every_structure_keeps_them_all_straight_and_askew(tmp_path: P
         if not all(kept.values()):
             lost[path.name] = ([k for k, v in kept.items() if not v], md)
     assert not lost, lost
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_headings_set_only_in_bold_are_headings(engine: TesseractEngine, seed: int) -> None:
+    """A report's headings in bold at the body's own size, above their paragraphs: told
+    from the body by the weight of their strokes."""
+    got, want, md = read(engine, "bold_headings", seed)
+    assert [(b.kind, b.text) for b in got] == [(b.kind, b.text) for b in want], md
+
+
+def check_list_page(paper: int, box: int, ink: int) -> Image.Image:
+    """Lines with check boxes (empty, ticked, crossed) at 300 dpi: black on white, or
+    a form's white boxes on its tinted paper."""
+    image = Image.new("L", (2480, 1300), paper)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.truetype("DejaVuSans.ttf", 46)
+    draw.text((200, 100), "Please tick what was delivered to the office this week:",
+              font=font, fill=ink)
+    for k, (mark, text) in enumerate(CHECKS):
+        y = 220 + k * 100
+        if box == ink:
+            draw.text((200, y), mark, font=font, fill=ink)
+        else:  # a white box, and the tick drawn into it
+            draw.rectangle((205, y + 8, 245, y + 48), fill=box)
+            if mark != "☐":
+                draw.line((212, y + 28, 222, y + 40, 240, y + 14), fill=ink, width=5)
+        draw.text((270, y), text, font=font, fill=ink)
+    return image
+
+
+CHECKS = [("☐", "Printer paper for the office"), ("☑", "Toner cartridge ordered"),
+          ("☒", "Desk lamp returned to the shop"), ("☐", "Monitor arm and cable set")]
+
+
+@pytest.mark.parametrize(("paper", "box"), [(255, 0), (212, 255)])
+def test_check_boxes_make_a_task_list(engine: TesseractEngine, paper: int, box: int) -> None:
+    image = check_list_page(paper, box, 0)
+    out = asyncio.run(engine.ocr(PageRequest(image=image, page_no=1, doc_id="boxes",
+                                             dpi=300)))
+    want = [f"- [{' ' if mark == '☐' else 'x'}] {text}" for mark, text in CHECKS]
+    assert out.text.split("\n\n")[-1].split("\n") == want, out.text
+
+
+def test_a_table_drawn_as_a_grid_keeps_cells_that_wrap_in_their_row(
+        engine: TesseractEngine) -> None:
+    """A ruled table whose cells run over two and three lines: each row stays one row,
+    its cells' lines joined."""
+    rows = [["Item", "Description", "Price"],
+            ["Printer paper", "Five hundred sheets of white paper for the office printer",
+             "12.50"],
+            ["Desk lamp", "A lamp with an arm", "40.00"],
+            ["Cable set", "Cables of three lengths for the monitors and the docking "
+             "stations in every office", "18.90"]]
+    image = Image.new("L", (2480, 1400), 255)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.truetype("DejaVuSans.ttf", 40)
+    xs, top = [200, 700, 1700, 2100], 200
+    y = top
+    for row in rows:
+        height = 0
+        for c, text in enumerate(row):
+            lines = _wrap(draw, text, font, xs[c + 1] - xs[c] - 40)
+            for k, line in enumerate(lines):
+                draw.text((xs[c] + 20, y + 20 + k * 52), line, font=font, fill=0)
+            height = max(height, 40 + len(lines) * 52)
+        draw.line((xs[0], y, xs[-1], y), fill=0, width=3)
+        y += height
+    draw.line((xs[0], y, xs[-1], y), fill=0, width=3)
+    for x in xs:
+        draw.line((x, top, x, y), fill=0, width=3)
+    out = asyncio.run(engine.ocr(PageRequest(image=image, page_no=1, doc_id="grid",
+                                             dpi=300)))
+    tables = [b for b in shown(out.text) if b.kind == "table"]
+    assert len(tables) == 1 and tables[0].rows == rows, out.text
+
+
+def _wrap(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont,
+          width: int) -> list[str]:
+    lines: list[str] = []
+    for word in text.split():
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines

@@ -134,3 +134,24 @@ def test_the_render_worker_straightens_a_scanned_pdf_page(tmp_path: Path) -> Non
     assert skew is not None and abs(skew.angle + 2.2) <= 0.11
     assert skew.size == (as_is.width, as_is.height)
     assert (page.width, page.height) == skew.turned and page.mode == "L"
+
+
+def test_ruling_lines_are_found_in_the_pixels_and_text_is_not() -> None:
+    """A table's grid, across and down (thin, grey or black), among lines of text and an
+    underline: every rule, and no rule made of text."""
+    page = render(make_page("prose", 1), 300)
+    draw = ImageDraw.Draw(page)
+    grid_top, grid_bottom = 2600, 3000
+    for y in (grid_top, 2800, grid_bottom):
+        draw.line((300, y, 2100, y), fill=0, width=3)
+    for x in (300, 1200, 2100):
+        draw.line((x, grid_top, x, grid_bottom), fill=90, width=2)
+    found = modes.ruling_lines(page, 300)
+    across = sorted(r for r in found if r[2] - r[0] > r[3] - r[1])
+    down = sorted(r for r in found if r[3] - r[1] > r[2] - r[0])
+    assert [r[1] for r in across if r[1] >= grid_top - 5] == [grid_top - 1, 2799, 2999]
+    assert all(abs(r[0] - 300) <= 10 and abs(r[2] - 2100) <= 10 for r in across)
+    assert len(down) == 3 and all(abs(r[0] - x) <= 3 for r, x in zip(down, (300, 1200, 2100),
+                                                                       strict=True))
+    assert all(r[1] <= grid_top + 10 and r[3] >= grid_bottom - 10 for r in down)
+    assert not [r for r in across if r[1] < grid_top - 5]  # the prose made none
