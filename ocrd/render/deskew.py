@@ -1,13 +1,14 @@
 """A page that went into the scanner askew, straightened before any engine reads it.
 
 The skew is measured from the page's text lines: the page's dark pixels are summed row
-by row in vertical strips, and the strips are slid against each other as lines tilted by
-each angle would lie; where the rows' sums change most sharply from one row to the next,
-the lines run straight (the projection-profile method, after Postl and Bloomberg).
-±MAX_ANGLE degrees are searched, to a tenth of a degree, on a copy of the page reduced to
-about ESTIMATE_DPI. The page's own edges against a dark scanner lid
-(`edge_angle`) would be the other witness; text lines are right more often, and on
-pages scanned against a white lid the edges are not there at all (bench/deskew.py).
+by row in narrow vertical strips, and the strips are slid against each other as lines
+tilted by each angle would lie. Where the ink gathers into the fewest rows, the lines
+run straight; the angle is then refined to a tenth of a degree where the rows' sums
+change most sharply from one row to the next (projection profiles, after Postl and
+Bloomberg). ±MAX_ANGLE degrees are searched, on a copy of the page reduced to about
+ESTIMATE_DPI, with wide dark areas (a dark scanner lid, a photograph) left out. The
+page's edges against a dark lid would be the other witness: text lines are right far
+more often, and against a white lid there are no edges to see (bench/deskew.py).
 
 The straightened page is the same picture turned about its centre, on a canvas grown to
 hold all of it (`Skew`): every box the engine finds on it maps back to the page as
@@ -23,7 +24,7 @@ import os
 from array import array
 from dataclasses import dataclass, replace
 
-from PIL import Image
+from PIL import Image, ImageChops, ImageFilter
 
 from ocrd.render import modes, pages, pixels
 from ocrd.render.pages import DocInfo
@@ -36,9 +37,12 @@ STEP = 0.1  # degrees: the finest step of the search
 # as well as level ones, and turning costs a pass over the page's pixels
 MIN_ANGLE = 0.3
 ESTIMATE_DPI = 100  # the reduced copy's resolution
-STRIPS = 32  # vertical strips whose row sums are slid against each other
+# vertical strips whose row sums are slid against each other: narrow enough that a line
+# turned by MAX_ANGLE rises less than a letter's height across one
+STRIPS = 64
 _COARSE = 0.5  # degrees: the first pass's step
 _INK = [255 if v < 128 else 0 for v in range(256)]  # dark pixels of a grey page
+_GROUND = [255 if v < 80 else 0 for v in range(256)]  # ... and, reduced, wide dark areas
 # share of the reduced page's pixels that are dark: less is a blank page (nothing to
 # measure), more a photograph or a dark scan (rows of text do not stand out)
 MIN_INK, MAX_INK = 0.002, 0.35
@@ -91,9 +95,14 @@ def turned_size(width: int, height: int, angle: float) -> tuple[int, int]:
 def measure(page: RenderedPage) -> float | None:
     """The page's skew in degrees (its lines rise to the right: positive), to STEP; None
     when it has no lines of text to tell by (blank, a photograph)."""
+    return text_angle(reduced(page))
+
+
+def reduced(page: RenderedPage) -> Image.Image:
+    """The page in grey at about ESTIMATE_DPI (a page of unknown resolution is taken
+    for 300 dpi)."""
     factor = max(1, round((page.dpi or 300) / ESTIMATE_DPI))
-    grey = modes.reduced_grey(page.mode, page.width, page.height, page.data, factor)
-    return text_angle(grey)
+    return modes.reduced_grey(page.mode, page.width, page.height, page.data, factor)
 
 
 def text_angle(grey: Image.Image) -> float | None:
@@ -101,35 +110,53 @@ def text_angle(grey: Image.Image) -> float | None:
     w, h = grey.size
     if w < STRIPS or h < 16:
         return None
-    ink = (grey if grey.mode == "L" else grey.convert("L")).point(_INK).convert("F")
+    grey = grey if grey.mode == "L" else grey.convert("L")
+    ink = ImageChops.subtract(grey.point(_INK), _ground(grey)).convert("F")
     dark = _mean(ink.resize((1, 1), Image.Resampling.BOX)) / 255
     if not MIN_INK <= dark <= MAX_INK:
         return None
     strips = ink.resize((STRIPS, h), Image.Resampling.BOX)
     strip_w = w / STRIPS
-    scores: dict[float, float] = {}
+    cache: dict[float, tuple[float, float]] = {}
 
-    def score(angle: float) -> float:
+    def score(angle: float, sharp: bool) -> float:
         key = round(angle, 1)
-        if key not in scores:
-            scores[key] = _sharpness(strips, math.tan(math.radians(key)) * strip_w)
-        return scores[key]
+        if key not in cache:
+            rows = _profile(strips, math.tan(math.radians(key)) * strip_w)
+            cache[key] = (sum(r * r for r in rows), _sharpness(rows))
+        return cache[key][sharp]
 
+    # first where the ink gathers into the fewest rows (a few short lines fool the
+    # sharpness at an angle where one line's end meets the next one's start), then
+    # where the rows' edges are sharpest, within a coarse step of it
     coarse = [k * _COARSE for k in range(-round(MAX_ANGLE / _COARSE),
                                          round(MAX_ANGLE / _COARSE) + 1)]
-    best = max(coarse, key=lambda a: (score(a), -abs(a)))
-    fine = [round(best + k * STEP, 1) for k in range(-round(_COARSE / STEP),
-                                                     round(_COARSE / STEP) + 1)]
-    best = max((a for a in fine if abs(a) <= MAX_ANGLE), key=lambda a: (score(a), -abs(a)))
-    average = sum(score(a) for a in coarse) / len(coarse)
-    if average <= 0 or scores[round(best, 1)] < MIN_CONTRAST * average:
+    first = max(coarse, key=lambda a: (score(a, False), -abs(a)))
+    fine = [round(first + k * STEP, 1) for k in range(-round(_COARSE / STEP),
+                                                      round(_COARSE / STEP) + 1)]
+    best = max((a for a in fine if abs(a) <= MAX_ANGLE),
+               key=lambda a: (score(a, True), -abs(a)))
+    average = sum(score(a, True) for a in coarse) / len(coarse)
+    if average <= 0 or score(best, True) < MIN_CONTRAST * average:
         return None
     return round(best, 1) + 0.0  # never -0.0
 
 
-def _sharpness(strips: Image.Image, shift: float) -> float:
-    """How sharply the row sums change when each strip is slid by `shift` rows per strip
-    (lines that rise to the right lie lower in the strips on the left)."""
+def _ground(grey: Image.Image) -> Image.Image:
+    """Where the page is dark over wide areas (a dark scanner lid around the paper, a
+    photograph): 255 there. Text, reduced eightfold, turns light grey; those stay dark."""
+    w, h = grey.size
+    if w < 16 or h < 16:
+        return Image.new("L", grey.size, 0)
+    coarse = grey.reduce(8).point(_GROUND)
+    # grown by a cell each way, so that the ground's own edge goes too
+    return coarse.filter(ImageFilter.MaxFilter(3)).resize(grey.size,
+                                                          Image.Resampling.NEAREST)
+
+
+def _profile(strips: Image.Image, shift: float) -> array:
+    """The rows' sums when each strip is slid by `shift` rows per strip (lines that rise
+    to the right lie lower in the strips on the left)."""
     n, h = strips.size
     middle = n / 2
     # output (x, y) samples (x, y + shift·(middle - x)): a line rising to the right
@@ -137,7 +164,11 @@ def _sharpness(strips: Image.Image, shift: float) -> float:
     sheared = strips.transform((n, h), Image.Transform.AFFINE,
                                (1, 0, 0, -shift, 1, shift * middle),
                                Image.Resampling.BILINEAR)
-    rows = array("f", sheared.resize((1, h), Image.Resampling.BOX).tobytes())
+    return array("f", sheared.resize((1, h), Image.Resampling.BOX).tobytes())
+
+
+def _sharpness(rows: array) -> float:
+    """How sharply the rows' sums change from one row to the next."""
     return sum((b - a) ** 2 for a, b in zip(rows, rows[1:], strict=False))
 
 

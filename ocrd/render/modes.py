@@ -178,8 +178,8 @@ def ruling_lines(image: Image.Image, dpi: float) -> list[tuple[int, int, int, in
     step = max(2, round(dpi / 30))  # pixels squeezed into one
     longest = max(2, round(RULE_INCHES * dpi / step))
     thick = max(1, round(RULE_THICK_INCHES * dpi))
-    across = _runs(dark, step, longest, thick)
-    down = _runs(dark.transpose(Image.Transpose.TRANSPOSE), step, longest, thick)
+    across = _runs(dark, step, longest, thick, down=False)
+    down = _runs(dark, step, longest, thick, down=True)
     return across + [(top, left, bottom, right) for left, top, right, bottom in down]
 
 
@@ -188,14 +188,22 @@ RULE_THICK_INCHES = 0.03  # ... and at most this thick
 _SOLID = [255 if v >= 224 else 0 for v in range(256)]
 
 
-def _runs(dark: Image.Image, step: int, longest: int, thick: int,
+def _runs(dark: Image.Image, step: int, longest: int, thick: int, down: bool,
           ) -> list[tuple[int, int, int, int]]:
-    """Horizontal rules of a dark-pixel mask (255 dark): rows whose squeezed pixels stay
-    solid for `longest` in a row, joined with the rows next to them."""
-    w, h = dark.size
-    if w < step * longest:
-        return []
-    squeezed = dark.resize((w // step, h), Image.Resampling.BOX).point(_SOLID)
+    """Rules of a dark-pixel mask (255 dark) across it (`down`: down it, as boxes of
+    the mask turned about its diagonal): rows whose squeezed pixels stay solid for
+    `longest` in a row, joined with the rows next to them."""
+    if down:  # squeezed down the page, then turned: its columns become rows
+        w, h = dark.height, dark.width
+        if w < step * longest:
+            return []
+        squeezed = dark.resize((h, w // step), Image.Resampling.BOX).point(_SOLID) \
+            .transpose(Image.Transpose.TRANSPOSE)
+    else:
+        w, h = dark.size
+        if w < step * longest:
+            return []
+        squeezed = dark.resize((w // step, h), Image.Resampling.BOX).point(_SOLID)
     # rows with solid stretches enough to hold a rule (text rows seldom have any)
     enough = squeezed.resize((1, h), Image.Resampling.BOX).tobytes()
     need = 255 * longest / (w // step)
