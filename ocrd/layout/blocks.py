@@ -539,11 +539,15 @@ class Builder:
 
 
 def _other_kind(block: Block, marker: _Marker) -> bool:
-    """Numbers right after bullets (or bullets after numbers) at a list's own depth: a
-    list of another kind begins."""
+    """Numbers right after bullets (or bullets after numbers) at a list's own depth, or
+    a "1." after items whose markers were not read: a list of another kind begins."""
+    if marker.kind == "lost":
+        return False
+    if _ordered(marker) and marker.value == 1 and any(it.depth == 0 for it in block.items):
+        return True
     kinds = [_ordered(it.marker) for it in block.items if it.depth == 0
              and it.marker.kind != "lost"]
-    return bool(kinds) and marker.kind != "lost" and _ordered(marker) != kinds[-1]
+    return bool(kinds) and _ordered(marker) != kinds[-1]
 
 
 def _ordered(marker: _Marker) -> bool:

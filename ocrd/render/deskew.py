@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 from array import array
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ STRIPS = 64
 _COARSE = 0.5  # degrees: the first pass's step
 _INK = [255 if v < 128 else 0 for v in range(256)]  # dark pixels of a grey page
 _GROUND = [255 if v < 80 else 0 for v in range(256)]  # ... and, reduced, wide dark areas
+_NOT_PAPER = [255 if v < 224 else 0 for v in range(256)]  # anything but white paper
 # share of the reduced page's pixels that are dark: less is a blank page (nothing to
 # measure), more a photograph or a dark scan (rows of text do not stand out)
 MIN_INK, MAX_INK = 0.002, 0.35
@@ -117,14 +119,15 @@ def text_angle(grey: Image.Image) -> float | None:
         return None
     strips = ink.resize((STRIPS, h), Image.Resampling.BOX)
     strip_w = w / STRIPS
-    cache: dict[float, tuple[float, float]] = {}
+    cache: dict[tuple[float, bool], float] = {}
 
     def score(angle: float, sharp: bool) -> float:
-        key = round(angle, 1)
-        if key not in cache:
-            rows = _profile(strips, math.tan(math.radians(key)) * strip_w)
-            cache[key] = (sum(r * r for r in rows), _sharpness(rows))
-        return cache[key][sharp]
+        key = (round(angle, 1), sharp)
+        if key not in cache:  # the coarse steps in whole rows, the fine ones between
+            rows = _profile(strips, math.tan(math.radians(key[0])) * strip_w,
+                            Image.Resampling.BILINEAR if sharp else Image.Resampling.NEAREST)
+            cache[key] = _sharpness(rows) if sharp else sum(map(operator.mul, rows, rows))
+        return cache[key]
 
     # first where the ink gathers into the fewest rows (a few short lines fool the
     # sharpness at an angle where one line's end meets the next one's start), then
@@ -136,8 +139,19 @@ def text_angle(grey: Image.Image) -> float | None:
                                                       round(_COARSE / STEP) + 1)]
     best = max((a for a in fine if abs(a) <= MAX_ANGLE),
                key=lambda a: (score(a, True), -abs(a)))
-    average = sum(score(a, True) for a in coarse) / len(coarse)
-    if average <= 0 or score(best, True) < MIN_CONTRAST * average:
+    while best in (fine[0], fine[-1]) and abs(best) < MAX_ANGLE:  # on the edge: on
+        ahead = round(best + (STEP if best == fine[-1] else -STEP), 1)
+        if score(ahead, True) <= score(best, True):
+            break
+        fine = [*fine, ahead] if ahead > best else [ahead, *fine]
+        best = ahead
+    # pictures and blank pages are as sharp at every angle (the rows sampled whole)
+    rows = _profile(strips, math.tan(math.radians(best)) * strip_w,
+                    Image.Resampling.NEAREST)
+    average = sum(_sharpness(_profile(strips, math.tan(math.radians(a)) * strip_w,
+                                      Image.Resampling.NEAREST))
+                  for a in coarse[::4]) / len(coarse[::4])
+    if average <= 0 or _sharpness(rows) < MIN_CONTRAST * average:
         return None
     return round(best, 1) + 0.0  # never -0.0
 
@@ -154,7 +168,7 @@ def _ground(grey: Image.Image) -> Image.Image:
                                                           Image.Resampling.NEAREST)
 
 
-def _profile(strips: Image.Image, shift: float) -> array:
+def _profile(strips: Image.Image, shift: float, resample: Image.Resampling) -> array:
     """The rows' sums when each strip is slid by `shift` rows per strip (lines that rise
     to the right lie lower in the strips on the left)."""
     n, h = strips.size
@@ -162,35 +176,65 @@ def _profile(strips: Image.Image, shift: float) -> array:
     # output (x, y) samples (x, y + shift·(middle - x)): a line rising to the right
     # stands higher on the right, so the strips right of the middle are moved down
     sheared = strips.transform((n, h), Image.Transform.AFFINE,
-                               (1, 0, 0, -shift, 1, shift * middle),
-                               Image.Resampling.BILINEAR)
+                               (1, 0, 0, -shift, 1, shift * middle), resample)
     return array("f", sheared.resize((1, h), Image.Resampling.BOX).tobytes())
 
 
 def _sharpness(rows: array) -> float:
     """How sharply the rows' sums change from one row to the next."""
-    return sum((b - a) ** 2 for a, b in zip(rows, rows[1:], strict=False))
+    steps = list(map(operator.sub, rows[1:], rows[:-1]))
+    return sum(map(operator.mul, steps, steps))
 
 
 def _mean(one: Image.Image) -> float:
     return array("f", one.convert("F").tobytes())[0]
 
 
-def straighten(page: RenderedPage, angle: float, max_pixels: int) -> tuple[RenderedPage, Skew]:
+def straighten(page: RenderedPage, angle: float, max_pixels: int,
+               content: tuple[int, int, int, int] | None = None,
+               ) -> tuple[RenderedPage, Skew]:
     """The page turned to undo its skew, in its own mode, on a canvas grown to hold all
     of it (no larger than `max_pixels`: then it keeps its size and loses its corners);
-    the Skew that maps the straightened page back."""
+    the Skew that maps the straightened page back. With `content` (the part of the page
+    that is not blank paper), only that part is turned, on a canvas grown only as far as
+    it needs: the rest stays white."""
     size = (page.width, page.height)
     turned = turned_size(page.width, page.height, angle)
+    landed: list[tuple[float, float]] = []  # the content's corners, from the middle
+    if content is not None:
+        t = math.radians(angle)
+        for x in (content[0], content[2]):
+            for y in (content[1], content[3]):
+                dx, dy = x - size[0] / 2, y - size[1] / 2
+                landed.append((dx * math.cos(t) - dy * math.sin(t),
+                               dx * math.sin(t) + dy * math.cos(t)))
+        # a canvas of the page's own size where the content fits on it (margins hold a
+        # few degrees of turn): no more pixels for the engine, nor for the memory budget
+        turned = (min(turned[0], max(size[0], math.ceil(2 * max(abs(x) for x, _ in landed)))),
+                  min(turned[1], max(size[1], math.ceil(2 * max(abs(y) for _, y in landed)))))
     if turned[0] * turned[1] > max_pixels:
         turned = size
     skew = Skew(angle, size, turned)
     image = page.to_image()
     white: int | tuple[int, int, int] = (255, 255, 255) if image.mode == "RGB" else 255
     resample = Image.Resampling.NEAREST if image.mode == "1" else Image.Resampling.BILINEAR
-    out = image.transform(turned, Image.Transform.AFFINE, skew.matrix(), resample,
-                          fillcolor=white)
+    a, b, c, d, e, f = skew.matrix()
+    part = (0, 0, *turned)
+    if landed:  # only where the content lands on the canvas
+        xs = [turned[0] / 2 + x for x, _ in landed]
+        ys = [turned[1] / 2 + y for _, y in landed]
+        part = (max(0, math.floor(min(xs))), max(0, math.floor(min(ys))),
+                min(turned[0], math.ceil(max(xs))), min(turned[1], math.ceil(max(ys))))
+    ox, oy = part[0], part[1]
+    piece = image.transform((part[2] - ox, part[3] - oy), Image.Transform.AFFINE,
+                            (a, b, a * ox + b * oy + c, d, e, d * ox + e * oy + f),
+                            resample, fillcolor=white)
     del image
+    if part == (0, 0, *turned):
+        out = piece
+    else:
+        out = Image.new(piece.mode, turned, white)
+        out.paste(piece, (ox, oy))
     data = out.tobytes("raw", "1;I") if out.mode == "1" else out.tobytes()
     return RenderedPage(page.index, out.width, out.height, data, page.dpi,
                         mode=page.mode), skew
@@ -199,12 +243,23 @@ def straighten(page: RenderedPage, angle: float, max_pixels: int) -> tuple[Rende
 def deskewed(page: RenderedPage, max_pixels: int) -> tuple[RenderedPage, Skew | None]:
     """The page straightened if it lies askew by MIN_ANGLE or more; and how (a Skew of
     angle 0 for a page that lies straight; None when there is nothing to tell by)."""
-    angle = measure(page)
+    grey = reduced(page)
+    angle = text_angle(grey)
     if angle is None:
         return page, None
     if abs(angle) < MIN_ANGLE:
         return page, Skew(0.0, (page.width, page.height), (page.width, page.height))
-    return straighten(page, angle, max_pixels)
+    # what is not blank paper, with a margin: only that needs turning
+    found = grey.point(_NOT_PAPER).getbbox()
+    content = None
+    if found is not None:
+        scale = page.width / grey.width
+        pad = 4
+        content = (max(0, math.floor((found[0] - pad) * scale)),
+                   max(0, math.floor((found[1] - pad) * scale)),
+                   min(page.width, math.ceil((found[2] + pad) * scale)),
+                   min(page.height, math.ceil((found[3] + pad) * scale)))
+    return straighten(page, angle, max_pixels, content)
 
 
 def render_straight_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,

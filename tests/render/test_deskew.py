@@ -82,7 +82,7 @@ def test_boxes_on_the_straightened_page_map_back_onto_the_page_as_scanned() -> N
     skewed = page.rotate(4.0, resample=Image.Resampling.BICUBIC, fillcolor=255)
     out, skew = deskew.deskewed(packed(skewed), 10**9)
     assert skew is not None and skew.angle == 4.0
-    assert (out.width, out.height) == deskew.turned_size(2480, 3509, 4.0) == skew.turned
+    assert (out.width, out.height) == skew.turned
     straight = out.to_image()
     for x, y in spots:
         # where the square's middle went on the skewed page (Pillow turns about the
@@ -109,6 +109,15 @@ def _turned(p: tuple[float, float], c: tuple[float, float], angle: float,
     dx, dy = p[0] - c[0], p[1] - c[1]
     return (c[0] + dx * math.cos(t) + dy * math.sin(t),
             c[1] - dx * math.sin(t) + dy * math.cos(t))
+
+
+def test_a_page_with_margins_is_straightened_on_a_canvas_of_its_own_size() -> None:
+    """Turned by a few degrees, a page's text stays inside its margins: the engine gets
+    no more pixels than the page has."""
+    rendered = packed(render(make_page("prose", 1), 300, skew=2.5))
+    out, skew = deskew.deskewed(rendered, 10**9)
+    assert skew is not None and skew.angle == 2.5
+    assert (out.width, out.height) == (rendered.width, rendered.height) == skew.turned
 
 
 def test_a_page_over_its_pixel_cap_keeps_its_size() -> None:
@@ -155,3 +164,25 @@ def test_ruling_lines_are_found_in_the_pixels_and_text_is_not() -> None:
                                                                        strict=True))
     assert all(r[1] <= grid_top + 10 and r[3] >= grid_bottom - 10 for r in down)
     assert not [r for r in across if r[1] < grid_top - 5]  # the prose made none
+
+
+def test_the_worker_keeps_a_straightened_page_within_the_page_budget(tmp_path: Path) -> None:
+    """Turned on a larger canvas a page costs more: where its memory budget leaves no
+    room for that (Resolution.page_budget), it is turned on a canvas of its own size."""
+    scan = render(make_page("prose", 2), 300, skew=3.0)
+    draw = ImageDraw.Draw(scan)  # marks in the corners: all of the page is content
+    for x, y in ((10, 10), (2440, 10), (10, 3470), (2440, 3470)):
+        draw.rectangle((x, y, x + 29, y + 29), fill=0)
+    pdf = tmp_path / "scan.pdf"
+    scan.save(pdf, "PDF", resolution=300)
+    info = pages.probe(str(pdf), 300, 10, 10**9, 10**9)
+    roomy, skew = deskew.render_straight_page(str(pdf), info, 0, TESSERACT, 10**9, True)
+    assert skew is not None and roomy.width * roomy.height > skew.size[0] * skew.size[1]
+    pixels = skew.size[0] * skew.size[1]
+    # a budget that holds the page as rendered, and not a pixel more
+    tight = Resolution(300, 200, 600, grey=True, pixel_bytes=(("L", 11.0),),
+                       page_budget=round(pixels * 11.0) + 11)
+    assert tight.max_pixels("L", 10**9) < roomy.width * roomy.height
+    page, again = deskew.render_straight_page(str(pdf), info, 0, tight, 10**9, True)
+    assert again is not None and again.angle == skew.angle
+    assert (page.width, page.height) == skew.size == again.turned
