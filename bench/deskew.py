@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench import markdown_corpus  # noqa: E402
+from bench import markdown_corpus, second_look  # noqa: E402
 from ocrd.config.settings import EngineConfig, RenderConfig  # noqa: E402
 from ocrd.engines import tesseract as tesseract_engine  # noqa: E402
 from ocrd.engines import tesseract_tsv  # noqa: E402
@@ -124,22 +124,13 @@ def tesseract(page: pages.RenderedPage) -> tuple[str, str, float]:
 
 def layout(page: pages.RenderedPage, tsv: str, text: str) -> tuple[str, float]:
     """The engine's Markdown from its reading, and its CPU: this thread's, and the
-    second look's process by its wall time."""
+    second look's process's."""
     req = PageRequest(image=None, rendered=page, page_no=1, doc_id="bench", dpi=page.dpi)
-    look = ENGINE._look(req, None)
-    looked = [0.0]
-
-    def timed_look(boxes: list, chars: str) -> list:
-        t = time.monotonic()
-        try:
-            return look(boxes, chars)
-        finally:
-            looked[0] += time.monotonic() - t
-
+    looked = second_look.cpu()
     t0 = time.thread_time()
-    _, md, _ = tesseract_engine._structure(req, tsv, text, None, timed_look,
+    _, md, _ = tesseract_engine._structure(req, tsv, text, None, ENGINE._look(req, None),
                                            tesseract_engine._stroke(req, None))
-    return md, time.thread_time() - t0 + looked[0]
+    return md, time.thread_time() - t0 + second_look.cpu() - looked
 
 
 # -- cost ----------------------------------------------------------------------------------
@@ -436,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{fetch(args.mirrors, args.folder)} scans in {args.folder / 'scans-real'}")
         return 0
     ENGINE.binary = ENGINE.binary or "tesseract"
+    second_look.count()
     only = set(args.only.split(","))
     if "cost" in only:
         t0 = time.time()

@@ -51,6 +51,7 @@ from structure_pages import (  # noqa: E402
     truth_blocks,
 )
 
+from bench import second_look  # noqa: E402
 from bench.cases import Result  # noqa: E402
 from bench.corpus import recall as corpus_recall  # noqa: E402
 from ocrd.config.settings import EngineConfig  # noqa: E402
@@ -105,22 +106,14 @@ ENGINE = TesseractEngine(EngineConfig(kind="tesseract"))  # its second look (not
 def ours(read: Read, image: Any, dpi: int) -> tuple[str, float]:
     """ocrd's Markdown from the run, made as the engine makes it (its pixels: marks,
     ruling lines, strokes, the second look's tesseract run), and the CPU seconds it took
-    (this thread's, and the second look's process by its wall time)."""
+    (this thread's, and the second look's process's)."""
     req = PageRequest(image=image, page_no=1, doc_id="bench", dpi=dpi)
-    look = ENGINE._look(req, None)
-    looked = [0.0]
-
-    def timed_look(boxes: list, chars: str) -> list:
-        t = time.monotonic()
-        try:
-            return look(boxes, chars)
-        finally:
-            looked[0] += time.monotonic() - t
-
+    looked = second_look.cpu()
     t0 = time.thread_time()
-    _, markdown, _ = tesseract_engine._structure(req, read.tsv, read.text, None, timed_look,
-                                                 tesseract_engine._stroke(req, None))
-    return markdown, time.thread_time() - t0 + looked[0]
+    _, markdown, _ = tesseract_engine._structure(
+        req, read.tsv, read.text, None, ENGINE._look(req, None),
+        tesseract_engine._stroke(req, None))
+    return markdown, time.thread_time() - t0 + second_look.cpu() - looked
 
 
 _old_parse: Any = None
@@ -428,6 +421,7 @@ def speed(jobs: int, rounds: int = 2) -> dict[str, Any]:
 
 
 def measure(quick: bool, jobs: int, kinds: list[str]) -> tuple[list[PageResult], dict]:
+    second_look.count()
     specs = corpus(quick, kinds)
     with ThreadPoolExecutor(jobs) as pool:
         results = list(pool.map(lambda s: one(*s), specs))
@@ -538,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         CACHE = ROOT / "bench" / "out" / "structure-cache"
         CACHE.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
+    second_look.count()
     t0 = time.time()
     specs = corpus(args.quick, kinds)
     with ThreadPoolExecutor(args.jobs) as pool:

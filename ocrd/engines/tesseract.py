@@ -204,28 +204,18 @@ def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
 
 def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
     """Where the page tesseract read has marks (pixels that stand out from its paper):
-    for list markers and check boxes it did not read."""
-    image = turned if turned is not None else page.image
-    if image is not None or page.rendered is None:
-        assert image is not None
-        table = modes.marks_table(modes.paper(image.reduce(4) if min(image.size) >= 64
-                                              else image))
-        return lambda box: modes.dark_box(image, box, table)
-    rendered = page.rendered
-    table = modes.marks_table(modes.paper(modes.reduced_grey(
-        rendered.mode, rendered.width, rendered.height, rendered.data, 4)))
+    for list markers and check boxes it did not read. The page's marks are found once,
+    at the first question (most pages ask none)."""
+    image = turned if turned is not None else _image(page)
+    marks: list[Image.Image] = []
 
     def ink(box: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int] | None:
-        top = max(0, box[1])
-        band = modes.band_image(rendered.mode, rendered.width, rendered.height,
-                                rendered.data, top, box[3])
-        if band.height == 0:
-            return None
-        dark = modes.dark_box(band, (box[0], 0, box[2], band.height), table)
-        if dark is None:
-            return None
-        (left, y0, right, y1), count = dark
-        return (left, y0 + top, right, y1 + top), count
+        if not marks:
+            grey = image if image.mode == "L" else image.convert("L")
+            table = modes.marks_table(modes.paper(grey.reduce(4) if min(grey.size) >= 64
+                                                  else grey))
+            marks.append(grey.point(table))
+        return modes.mark_box(marks[0], box)
     return ink
 
 

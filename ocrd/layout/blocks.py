@@ -97,6 +97,7 @@ class Builder:
         self._look = look
         self._stroke = stroke
         self._body: float | None = None  # the body text's stroke width, per em
+        self._bolds: dict[int, bool] = {}  # lines (by id) found bold or not
         self.blocks: list[Block] = []
         # each of tesseract's paragraphs: its lines' type sizes
         self._pars: dict[tuple[int, int], list[float]] = {}
@@ -156,7 +157,9 @@ class Builder:
                                               line.left - round(4 * em), line)
                     if mark is not None and self._marker_shaped(mark[0], mark[1], line):
                         marker.box = mark[0]
-                if marker.kind == "lost" and marker.box is not None:
+                # a number's or a letter's height: a dot or a dash needs no second look
+                if marker.kind == "lost" and marker.box is not None and \
+                        marker.box[3] - marker.box[1] >= 0.5 * self.page.em:
                     lost.append(marker)
         if not lost:
             return
@@ -196,10 +199,10 @@ class Builder:
                        marker, column=region.column)
         if heading:
             tl.heading = 1 if tl.em >= TITLE * self.page.em else 2
-        elif bold:
-            tl.heading = 2
         elif tl.marker is None:
             tl.marker = self._unread_marker(tl, region.column)
+        if bold and tl.marker is None:  # (an item beside a mark is no heading)
+            tl.heading = 2
         if tl.marker is not None and tl.marker.kind == "box" and not readable(words):
             tl.marker = None  # an icon beside the labels of a screenshot
         return tl
@@ -357,11 +360,13 @@ class Builder:
 
     def _bold(self, line: Line) -> bool:
         assert self._stroke is not None
-        body = self._body_stroke()
-        words = [t for t in line.tokens if ALNUM.search(t.text)]
-        weight = self._stroke(union(t.box for t in words)) if words else None
-        return body is not None and weight is not None and \
-            weight / line_em(line) >= BOLD * body
+        if id(line) not in self._bolds:
+            body = self._body_stroke()
+            words = [t for t in line.tokens if ALNUM.search(t.text)]
+            weight = self._stroke(union(t.box for t in words)) if words else None
+            self._bolds[id(line)] = body is not None and weight is not None and \
+                weight / line_em(line) >= BOLD * body
+        return self._bolds[id(line)]
 
     def _body_stroke(self) -> float | None:
         """The body text's stroke width for its size (the median of some of its lines
@@ -370,7 +375,7 @@ class Builder:
             em = self.page.em
             body = [ln for ln in self._lines if len(ln.tokens) >= 6
                     and abs(line_em(ln) - em) <= 0.1 * em]
-            step = max(1, len(body) // 15)  # a few spread over the page will do
+            step = max(1, len(body) // 7)  # a few spread over the page will do
             weights = [w / line_em(ln) for ln in body[::step]
                        if (w := self._stroke(ln.box)) is not None]
             self._body = statistics.median(weights) if weights else 0.0

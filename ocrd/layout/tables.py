@@ -25,7 +25,7 @@ from ocrd.layout.reading import Box, Line, Look, Token, union
 
 # a cell whose words tesseract read with less confidence than this is read again (a
 # lone figure in a sparse table is often read as letters)
-DOUBTFUL = 80.0
+DOUBTFUL = 60.0
 _FIGURE = re.compile(r"[-+(]?[$€£]?\d[\d.,:/ ]*%?\)?")
 
 

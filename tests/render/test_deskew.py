@@ -158,7 +158,9 @@ def test_ruling_lines_are_found_in_the_pixels_and_text_is_not() -> None:
     found = modes.ruling_lines(page, 300)
     across = sorted(r for r in found if r[2] - r[0] > r[3] - r[1])
     down = sorted(r for r in found if r[3] - r[1] > r[2] - r[0])
-    assert [r[1] for r in across if r[1] >= grid_top - 5] == [grid_top - 1, 2799, 2999]
+    rows = [r[1] for r in across if r[1] >= grid_top - 5]
+    assert len(rows) == 3 and all(abs(a - b) <= 2 for a, b in zip(rows, (2599, 2799, 2999),
+                                                                  strict=True))
     assert all(abs(r[0] - 300) <= 10 and abs(r[2] - 2100) <= 10 for r in across)
     assert len(down) == 3 and all(abs(r[0] - x) <= 3 for r, x in zip(down, (300, 1200, 2100),
                                                                        strict=True))
