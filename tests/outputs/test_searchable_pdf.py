@@ -238,6 +238,15 @@ def test_a_page_scanned_askew_is_read_straight_its_words_laid_on_the_scan(
         else:
             far += 1
     assert near >= 40 and far <= near // 20, (near, far)
+    # render.deskew: false reads the page as it lies
+    config = tmp_path / "config.yaml"
+    config.write_text("render:\n  deskew: false\n")
+    r = subprocess.run([sys.executable, "-m", "ocrd", "convert", "--engine", "tesseract",
+                        "-c", config, "-o", tmp_path / "as-is", src], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "as-is" / "askew.json").read_text())["pages"][0]["skew"] \
+        is None
 
 
 def test_sidecars_with_the_pdf_match_the_schema(converted: dict, tmp_path: Path) -> None:
