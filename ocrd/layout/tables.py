@@ -44,10 +44,12 @@ class _Segment:
 @dataclass
 class _Row:
     segments: list[_Segment]
+    # the rest of cells that wrap: the lines under the row that go on with its cells
+    wrapped: list[_Segment] = field(default_factory=list)
 
     @property
     def box(self) -> Box:
-        return union(s.box for s in self.segments)
+        return union(s.box for s in self.segments + self.wrapped)
 
 
 @dataclass
@@ -282,25 +284,34 @@ def _find_tables(lines: list[Line], rules: list[Rule], page: Metrics, skip: set[
         if len(rows[i].segments) < 2:
             i += 1
             continue
-        j = i
-        while j + 1 < len(rows) and _continues(rows[i:j + 1], rows[j + 1], rules, page):
-            j += 1
-        columns = _columns(rows[i:j + 1])
+        run, spans, k = [rows[i]], [1], i + 1  # the run's rows, and the lines each took
+        while k < len(rows):
+            columns = _columns(run)
+            if _continues(run, rows[k], rules, page):
+                run.append(rows[k])
+                spans.append(1)
+            elif columns is not None and _wrapped(run[-1], rows[k], columns, page):
+                run[-1] = _Row(run[-1].segments, run[-1].wrapped + rows[k].segments)
+                spans[-1] += 1
+            else:
+                break
+            k += 1
+        columns = _columns(run)
         if columns is not None:
-            fit = [_fits(row, columns) for row in rows[i:j + 1]]
+            fit = [_fits(row, columns) for row in run]
             if not fit[0]:  # a line that runs across the columns: not the table's
                 i += 1
                 continue
             if not all(fit):
-                j = i + fit.index(False) - 1
-        found = _grid(rows[i:j + 1], rules, page)
+                run, spans = run[:fit.index(False)], spans[:fit.index(False)]
+        found = _grid(run, rules, page)
         if found is None:
             i += 1
             continue
         table, taken = found
         tables.append(table)
         used |= taken
-        i = j + 1
+        i += sum(spans)
     return tables, used
 
 
@@ -322,8 +333,10 @@ def _continues(run: list[_Row], nxt: _Row, rules: list[Rule], page: Metrics) -> 
         return True
     steps = [r.box[1] for r in run] + [b[1]]
     pitches = [y1 - y0 for y0, y1 in zip(steps, steps[1:], strict=False)]
-    return len(pitches) >= 2 and gap <= 2.5 * page.em and \
-        max(pitches) <= 1.25 * min(pitches)
+    # (rows whose cells wrap are of different heights: the white between them is even)
+    whites = [max(1, r2.box[1] - r1.box[3]) for r1, r2 in zip(run, run[1:], strict=False)]
+    return len(pitches) >= 2 and gap <= 2.5 * page.em and (
+        max(pitches) <= 1.25 * min(pitches) or max(*whites, gap) <= 1.25 * min(*whites, gap))
 
 
 def _grid(rows: list[_Row], rules: list[Rule], page: Metrics,
@@ -338,7 +351,7 @@ def _grid(rows: list[_Row], rules: list[Rule], page: Metrics,
         return None
     grid: list[list[list[Token]]] = [[[] for _ in columns] for _ in rows]
     for r, row in enumerate(rows):
-        for seg in row.segments:
+        for seg in row.segments + row.wrapped:
             for tok in seg.tokens:
                 grid[r][_column_of(tok.box, columns)].append(tok)
     filled = sum(1 for row in grid for cell in row if cell)
@@ -353,7 +366,7 @@ def _grid(rows: list[_Row], rules: list[Rule], page: Metrics,
     cells = [[words_text(cell) for cell in row] for row in grid]
     right = [_right_aligned([row[c] for row in grid[1:] if row[c]])
              for c in range(len(columns))]
-    taken = {s.line for row in rows for s in row.segments}
+    taken = {s.line for row in rows for s in row.segments + row.wrapped}
     return Table(cells, box, right, *_doubtful(grid, cells)), taken
 
 
@@ -406,10 +419,27 @@ def _fits(row: _Row, columns: list[tuple[int, int]]) -> bool:
     two of them, no two in one column (a list item, "1." and its words, standing right
     above a table; a line of text under it)."""
     gaps = [(a[1], b[0]) for a, b in zip(columns, columns[1:], strict=False)]
-    places = [_column_of(seg.box, columns) for seg in row.segments]
+    places = [(seg.line, _column_of(seg.box, columns)) for seg in row.segments + row.wrapped]
     return len(set(places)) == len(places) and not any(
-        seg.box[0] < left and seg.box[2] > right for seg in row.segments
+        seg.box[0] < left and seg.box[2] > right for seg in row.segments + row.wrapped
         for left, right in gaps)
+
+
+def _wrapped(row: _Row, nxt: _Row, columns: list[tuple[int, int]], page: Metrics) -> bool:
+    """Whether the next line holds the rest of cells that wrap: right under the row (no
+    more than a line's gap), fewer cells than columns, each inside a column, and none
+    in the first (a new row names itself there)."""
+    if not nxt.segments or len(nxt.segments) >= len(columns):
+        return False
+    if nxt.box[1] - row.box[3] > 0.6 * page.em or nxt.box[1] <= row.box[1]:
+        return False
+    tol = 0.5 * page.em
+    for seg in nxt.segments:
+        c = _column_of(seg.box, columns)
+        if c == 0 or seg.box[0] < columns[c][0] - tol or seg.box[2] > columns[c][1] + \
+                max(tol, 0.5 * (columns[c][1] - columns[c][0])):
+            return False
+    return True
 
 
 def _column_of(box: Box, columns: list[tuple[int, int]]) -> int:

@@ -184,16 +184,17 @@ def test_check_boxes_make_a_task_list(engine: TesseractEngine, paper: int, box: 
     assert out.text.split("\n\n")[-1].split("\n") == want, out.text
 
 
-def test_a_table_drawn_as_a_grid_keeps_cells_that_wrap_in_their_row(
-        engine: TesseractEngine) -> None:
-    """A ruled table whose cells run over two and three lines: each row stays one row,
-    its cells' lines joined."""
-    rows = [["Item", "Description", "Price"],
-            ["Printer paper", "Five hundred sheets of white paper for the office printer",
-             "12.50"],
-            ["Desk lamp", "A lamp with an arm", "40.00"],
-            ["Cable set", "Cables of three lengths for the monitors and the docking "
-             "stations in every office", "18.90"]]
+WRAPPING_ROWS = [
+    ["Item", "Description", "Price"],
+    ["Printer paper", "Five hundred sheets of white paper for the office printer", "12.50"],
+    ["Desk lamp", "A lamp with an arm", "40.00"],
+    ["Cable set", "Cables of three lengths for the monitors and the docking stations in "
+     "every office", "18.90"]]
+
+
+def table_page(rows: list[list[str]], ruled: bool) -> Image.Image:
+    """A table at 300 dpi whose middle column's cells run over several lines, with a
+    grid of rules or without (its rows set apart by space alone)."""
     image = Image.new("L", (2480, 1400), 255)
     draw = ImageDraw.Draw(image)
     font = ImageFont.truetype("DejaVuSans.ttf", 40)
@@ -204,17 +205,27 @@ def test_a_table_drawn_as_a_grid_keeps_cells_that_wrap_in_their_row(
         for c, text in enumerate(row):
             lines = _wrap(draw, text, font, xs[c + 1] - xs[c] - 40)
             for k, line in enumerate(lines):
-                draw.text((xs[c] + 20, y + 20 + k * 52), line, font=font, fill=0)
-            height = max(height, 40 + len(lines) * 52)
-        draw.line((xs[0], y, xs[-1], y), fill=0, width=3)
+                draw.text((xs[c] + 20, y + 12 + k * 52), line, font=font, fill=0)
+            height = max(height, 24 + len(lines) * 52)
+        if ruled:
+            draw.line((xs[0], y, xs[-1], y), fill=0, width=3)
         y += height
-    draw.line((xs[0], y, xs[-1], y), fill=0, width=3)
-    for x in xs:
-        draw.line((x, top, x, y), fill=0, width=3)
-    out = asyncio.run(engine.ocr(PageRequest(image=image, page_no=1, doc_id="grid",
-                                             dpi=300)))
+    if ruled:
+        draw.line((xs[0], y, xs[-1], y), fill=0, width=3)
+        for x in xs:
+            draw.line((x, top, x, y), fill=0, width=3)
+    return image
+
+
+@pytest.mark.parametrize("ruled", [True, False])
+def test_a_table_keeps_cells_that_wrap_in_their_row(engine: TesseractEngine,
+                                                    ruled: bool) -> None:
+    """A table whose cells run over two and three lines, drawn as a grid or without
+    rules: each row stays one row, its cells' lines joined."""
+    out = asyncio.run(engine.ocr(PageRequest(image=table_page(WRAPPING_ROWS, ruled),
+                                             page_no=1, doc_id="table", dpi=300)))
     tables = [b for b in shown(out.text) if b.kind == "table"]
-    assert len(tables) == 1 and tables[0].rows == rows, out.text
+    assert len(tables) == 1 and tables[0].rows == WRAPPING_ROWS, out.text
 
 
 def _wrap(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont,
