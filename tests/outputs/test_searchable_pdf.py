@@ -610,3 +610,22 @@ def test_a_pdf_that_fails_is_counted_and_leaves_nothing(tmp_path: Path) -> None:
     assert pdf.outputs() == {"pdf": None, "pdf_failed": pdf.failed}
     assert metrics.registry.get_sample_value("ocrd_pdf_failures_total") == 1
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_grounding_boxes_of_a_straightened_page_go_back_onto_the_scan() -> None:
+    """A GPU engine's block boxes (0..999 of the straightened page it was given) lie on
+    the page as scanned: each corner mapped back, the block's box around them."""
+    from ocrd.outputs import textlayer
+    from ocrd.render.deskew import Skew
+
+    skew = Skew(10.0, (1000, 1400), (1228, 1553))
+    box = textlayer._grid_box([(399.0, 499.0, 599.0, 549.0)], skew)
+    assert box is not None
+    corners = [skew.point(x / 999 * 1228, y / 999 * 1553)
+               for x in (399, 599) for y in (499, 549)]
+    want = (min(x for x, _ in corners) / 1000, 1 - max(y for _, y in corners) / 1400,
+            max(x for x, _ in corners) / 1000, 1 - min(y for _, y in corners) / 1400)
+    assert box == pytest.approx(want)
+    # as read without a turn: the box on the grid itself
+    assert textlayer._grid_box([(399.0, 499.0, 599.0, 549.0)], None) == pytest.approx(
+        (399 / 999, 1 - 549 / 999, 599 / 999, 1 - 499 / 999))
