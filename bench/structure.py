@@ -51,12 +51,14 @@ from structure_pages import (  # noqa: E402
     truth_blocks,
 )
 
+from bench import second_look  # noqa: E402
 from bench.cases import Result  # noqa: E402
 from bench.corpus import recall as corpus_recall  # noqa: E402
+from ocrd.config.settings import EngineConfig  # noqa: E402
+from ocrd.engines import tesseract as tesseract_engine  # noqa: E402
 from ocrd.engines import tesseract_tsv  # noqa: E402
-from ocrd.engines.tesseract import pnm  # noqa: E402
-from ocrd.layout import page as layout  # noqa: E402
-from ocrd.render import modes  # noqa: E402
+from ocrd.engines.base import PageRequest  # noqa: E402
+from ocrd.engines.tesseract import TesseractEngine, pnm  # noqa: E402
 
 # main before the structure: tesseract's TSV parsed into plain text and words
 OLD_COMMIT = "0277faf"
@@ -98,14 +100,20 @@ def tesseract(image: Any, dpi: int, formats: tuple[str, ...] = ("tsv", "txt"),
     return Read(tsv, text, usage.ru_utime + usage.ru_stime)
 
 
-def ours(read: Read, image: Any) -> tuple[str, float]:
-    """ocrd's Markdown from the run, and the CPU seconds it took (this thread's)."""
+ENGINE = TesseractEngine(EngineConfig(kind="tesseract"))  # its second look (not started)
+
+
+def ours(read: Read, image: Any, dpi: int) -> tuple[str, float]:
+    """ocrd's Markdown from the run, made as the engine makes it (its pixels: marks,
+    ruling lines, strokes, the second look's tesseract run), and the CPU seconds it took
+    (this thread's, and the second look's process's)."""
+    req = PageRequest(image=image, page_no=1, doc_id="bench", dpi=dpi)
+    looked = second_look.cpu()
     t0 = time.thread_time()
-    reading = tesseract_tsv.read(read.tsv, read.text)
-    markdown = layout.to_markdown(
-        reading, lambda box: modes.dark_box(image, box))
-    tesseract_tsv.layer_words(reading)
-    return markdown, time.thread_time() - t0
+    _, markdown, _ = tesseract_engine._structure(
+        req, read.tsv, read.text, None, ENGINE._look(req, None),
+        tesseract_engine._stroke(req, None))
+    return markdown, time.thread_time() - t0 + second_look.cpu() - looked
 
 
 _old_parse: Any = None
@@ -360,7 +368,7 @@ def one(kind: str, seed: int, dpi: int, noisy: bool) -> PageResult:
             key = CACHE / f"{_key(page, dpi, noisy)}"
             key.with_suffix(".tsv").write_text(read.tsv)
             key.with_suffix(".txt").write_text(read.text)
-    markdown, cpu = ours(read, image)
+    markdown, cpu = ours(read, image, dpi)
     return PageResult(f"{page.name}@{dpi}{'n' if noisy else ''}", kind, dpi, noisy,
                       score(page, shown(markdown)), score(page, plain_blocks(read.text)),
                       read.cpu, cpu, plain_cpu(read), markdown)
@@ -395,7 +403,7 @@ def speed(jobs: int, rounds: int = 2) -> dict[str, Any]:
             for side in (("ours", "plain") if r % 2 == 0 else ("plain", "ours")):
                 if side == "ours":
                     read = tesseract(image, dpi, ("tsv", "txt"))
-                    _, cpu = ours(read, image)
+                    _, cpu = ours(read, image, dpi)
                 else:
                     read = tesseract(image, dpi, ("tsv",))
                     cpu = plain_cpu(read)
@@ -413,6 +421,7 @@ def speed(jobs: int, rounds: int = 2) -> dict[str, Any]:
 
 
 def measure(quick: bool, jobs: int, kinds: list[str]) -> tuple[list[PageResult], dict]:
+    second_look.count()
     specs = corpus(quick, kinds)
     with ThreadPoolExecutor(jobs) as pool:
         results = list(pool.map(lambda s: one(*s), specs))
@@ -523,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         CACHE = ROOT / "bench" / "out" / "structure-cache"
         CACHE.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
+    second_look.count()
     t0 = time.time()
     specs = corpus(args.quick, kinds)
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -22,7 +22,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Heading:
     text: str
-    level: int  # 1 or 2
+    level: int  # 1 or 2 (larger than the body), 3: bold in the body's size
 
 
 @dataclass(frozen=True)
@@ -269,6 +269,11 @@ def _page(kind: str, seed: int, rng: random.Random) -> Page:
             b.append(Heading(short_text(rng, 2, 5), 2))
             for _ in range(rng.randint(1, 2)):
                 b.append(Paragraph(prose(rng, (2, 3))))
+    elif kind == "bold_headings":  # a report's: bold, in the body's own size
+        b.append(Paragraph(prose(rng, (1, 2))))
+        for _ in range(rng.randint(3, 4)):
+            b.append(Heading(short_text(rng, 2, 5), 3))
+            b.append(Paragraph(prose(rng, (2, 3))))
     elif kind == "two_column":
         page.justify = rng.random() < 0.5
         page.hyphenate = True
@@ -282,6 +287,15 @@ def _page(kind: str, seed: int, rng: random.Random) -> Page:
             if rng.random() < 0.5:
                 right.insert(1, Heading(short_text(rng, 2, 4), 2))
             b.append(Columns(tuple(left), tuple(right)))
+    elif kind == "mixed":  # one of each: the drawn-page check
+        b.append(Heading(short_text(rng, 2, 4), 1))
+        b.append(Paragraph(prose(rng, (1, 2))))
+        b.append(Paragraph(prose(rng, (1, 2))))
+        b.append(ListBlock(tuple(Item(short_text(rng, 3, 7)) for _ in range(5))))
+        b.append(ListBlock(tuple(Item(short_text(rng, 3, 7), 0, f"{k}.")
+                                 for k in range(1, 6))))
+        b.append(table(rng, 4, 4, ruled=False))
+        b.append(Columns((Paragraph(prose(rng, (2, 2))),), (Paragraph(prose(rng, (2, 2))),)))
     else:
         raise ValueError(kind)
     page.pdf = draw(page)  # empty when it does not fit
@@ -289,6 +303,9 @@ def _page(kind: str, seed: int, rng: random.Random) -> Page:
 
 
 KINDS = ("prose", "lists", "table_ruled", "table_unruled", "headings", "two_column")
+# a title, two paragraphs, five bullets, five numbered items, a table of 4 columns and 5
+# rows without rules, two columns: the page every structure must survive, skewed too
+MIXED = "mixed"
 
 
 # -- drawing ----------------------------------------------------------------------------
@@ -378,7 +395,7 @@ class _Pen:
 
     def block(self, block: Block) -> None:
         if isinstance(block, Heading):
-            size = self.page.size * (1.9 if block.level == 1 else 1.45)
+            size = self.page.size * {1: 1.9, 2: 1.45}.get(block.level, 1.0)
             self.gap(0.6)
             self.line(block.text, font="Helvetica-Bold", size=size)
             self.gap(0.5)
@@ -483,8 +500,10 @@ def draw(page: Page) -> bytes:
 
 # -- pixels -----------------------------------------------------------------------------
 
-def render(page: Page, dpi: int, noisy: bool = False) -> Any:
-    """The page as a grey Pillow image at dpi; `noisy`: as a worn scanner sees it."""
+def render(page: Page, dpi: int, noisy: bool = False, skew: float = 0.0) -> Any:
+    """The page as a grey Pillow image at dpi; `noisy`: as a worn scanner sees it;
+    `skew`: turned by that many degrees (counter-clockwise), as a sheet-fed scanner
+    takes a page that went in askew."""
     import pypdfium2 as pdfium
 
     with _PDFIUM:  # PDFium is not thread-safe
@@ -493,6 +512,9 @@ def render(page: Page, dpi: int, noisy: bool = False) -> Any:
             image = doc[0].render(scale=dpi / 72, grayscale=True).to_pil().convert("L")
         finally:
             doc.close()
+    if skew:
+        from PIL import Image
+        image = image.rotate(skew, resample=Image.Resampling.BICUBIC, fillcolor=255)
     if noisy:
         image = scanner_noise(image, random.Random(f"{page.name}-{dpi}"), dpi)
     return image
@@ -638,3 +660,59 @@ def truth_blocks(page: Page) -> list[Shown]:
         elif isinstance(b, Table):
             out.append(Shown("table", rows=[list(r) for r in b.rows]))
     return out
+
+
+def _same(got: str, want: str) -> bool:
+    """The same text but for a misread letter or two (the OCR's, not the structure's):
+    0.9 of the characters in common."""
+    import difflib
+    a, b = " ".join(got.split()), " ".join(want.split())
+    return a == b or difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= 0.9
+
+
+def kept_structures(page: Page, markdown: str) -> dict[str, bool]:
+    """Which of a mixed page's six structures its Markdown keeps, as a reader sees them:
+    the title as the page's `#` heading, both paragraphs, five bullets as one list,
+    five items numbered 1 to 5, the table row by row and column by column (its cells'
+    words right but for the OCR's misreading of one in ten at most), and the two columns
+    each as its own paragraph, left before right."""
+    import re
+
+    got = shown(markdown)
+    title, first, second, bullets, numbers, table, columns = page.blocks
+    assert isinstance(title, Heading) and isinstance(first, Paragraph)
+    assert isinstance(second, Paragraph) and isinstance(bullets, ListBlock)
+    assert isinstance(numbers, ListBlock) and isinstance(table, Table)
+    assert isinstance(columns, Columns)
+    paragraphs = [b.text for b in got if b.kind == "paragraph"]
+    items = [b for b in got if b.kind == "item"]
+
+    def run(want: ListBlock, ordered: bool) -> bool:
+        texts = [i.text for i in want.items]
+        for k in range(len(items) - len(texts) + 1):
+            window = items[k:k + len(texts)]
+            if all(_same(g.text, t) and g.ordered == ordered and g.level == 0
+                   for g, t in zip(window, texts, strict=True)):
+                return True
+        return False
+
+    numbered = re.findall(r"^(\d+)[.)] ", markdown, re.MULTILINE)
+    tables = [b for b in got if b.kind == "table"]
+    left, right = columns.left[0], columns.right[0]
+    assert isinstance(left, Paragraph) and isinstance(right, Paragraph)
+    at = {text: k for k, text in enumerate(paragraphs)}
+    where = [next((at[p] for p in paragraphs if _same(p, want.text)), None)
+             for want in (left, right)]
+    return {
+        "title": any(b.kind == "heading" and b.level == 1 and _same(b.text, title.text)
+                     for b in got),
+        "paragraphs": all(any(_same(p, want.text) for p in paragraphs)
+                          for want in (first, second)),
+        "bullets": run(bullets, ordered=False),
+        "numbered": run(numbers, ordered=True) and numbered[:5] == ["1", "2", "3", "4", "5"],
+        "table": len(tables) == 1 and len(tables[0].rows) == len(table.rows) and all(
+            len(g) == len(w) for g, w in zip(tables[0].rows, table.rows, strict=True))
+        and sum(_same(a, b) for g, w in zip(tables[0].rows, table.rows, strict=True)
+                for a, b in zip(g, w, strict=True)) >= 0.9 * sum(len(w) for w in table.rows),
+        "two_columns": None not in where and where[0] < where[1],  # type: ignore[operator]
+    }

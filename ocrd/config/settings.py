@@ -235,6 +235,11 @@ class RenderConfig(_Strict):
     workers: int = Field(0, ge=0, description="Render processes; 0: one per CPU core.")
     lookahead: int = Field(4, ge=1, description=(
         "Pages rendered ahead of the engine, per document."))
+    deskew: bool = Field(True, description=(
+        "Straighten pages that were scanned askew (up to 15 degrees either way) before "
+        "the engine reads them; the skew measured is in the sidecar (`skew`), and the "
+        "searchable PDF keeps the original scan, its words laid over it where they "
+        "stand. false: pages are read as they lie."))
 
 
 class LimitsConfig(_Strict):

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
 from ocrd.layout import page as layout
-from ocrd.layout.reading import Ink, Reading
+from ocrd.layout.reading import Box, Ink, Look, Reading, Stroke
 from ocrd.outputs.page import PageOutput, Word, unturn
 from ocrd.render import modes
 
@@ -133,8 +134,9 @@ class TesseractEngine(Engine):
                         (tsv, text), rotation = again, angle
                         turned_image = turned.image
         # layout analysis is CPU work: off the event loop
-        reading, text, words = await asyncio.to_thread(_structure, page, tsv, text,
-                                                       turned_image)
+        reading, text, words = await asyncio.to_thread(
+            _structure, page, tsv, text, turned_image, self._look(page, turned_image),
+            _stroke(page, turned_image))
         if rotation:  # boxes on the page as given, not as turned
             size = _size(page)
             words = [replace(w, box=unturn(w.box, rotation, size)) for w in words]
@@ -185,6 +187,35 @@ class TesseractEngine(Engine):
                                f"{msg[-1] if msg else ''}")
         return out
 
+    def _look(self, page: PageRequest, turned: Image.Image | None) -> Look:
+        """A second look at parts of the page tesseract read: the parts cut out, stacked
+        one under another on a sheet, read in one run (a block of text, with only the
+        characters asked for); what each part reads as ("" where nothing) and the
+        confidence. It runs in the layout's thread, a small tesseract process of its
+        own."""
+        crop = _cropper(page, turned)
+
+        def look(boxes: list[Box], chars: str) -> list[tuple[str, float]]:
+            assert self.binary is not None
+            nothing = [("", 0.0)] * len(boxes)
+            sheet, bands = marks_sheet([crop(b) for b in boxes])
+            args = [self.binary, "stdin", "stdout", "-l", self.cfg.lang, "--psm", "6"]
+            if chars:
+                args += ["-c", f"tessedit_char_whitelist={chars}"]
+            if page.dpi >= 70:
+                args += ["--dpi", str(round(page.dpi))]
+            try:
+                done = subprocess.run([*args, "tsv"], input=pnm(sheet), capture_output=True,
+                                      timeout=self.cfg.timeout_seconds,
+                                      env={**os.environ, "OMP_THREAD_LIMIT": "1"})
+            except (OSError, subprocess.SubprocessError):
+                return nothing
+            if done.returncode != 0:
+                return nothing
+            return tesseract_tsv.band_texts(done.stdout.decode("utf-8", errors="replace"),
+                                            bands)
+        return look
+
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
                 "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
@@ -204,25 +235,78 @@ def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
 
 
 def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
-    """Where the page tesseract read has dark pixels: for list markers it did not read."""
-    image = turned if turned is not None else page.image
-    if image is not None or page.rendered is None:
-        assert image is not None
-        return lambda box: modes.dark_box(image, box)
-    rendered = page.rendered
+    """Where the page tesseract read has marks (pixels that stand out from its paper):
+    for list markers and check boxes it did not read. The page's marks are found once,
+    at the first question (most pages ask none)."""
+    image = turned if turned is not None else _image(page)
+    marks: list[Image.Image] = []
 
     def ink(box: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int] | None:
-        top = max(0, box[1])
+        if not marks:
+            grey = image if image.mode == "L" else image.convert("L")
+            table = modes.marks_table(modes.paper(grey.reduce(4) if min(grey.size) >= 64
+                                                  else grey))
+            marks.append(grey.point(table))
+        return modes.mark_box(marks[0], box)
+    return ink
+
+
+def _cropper(page: PageRequest, turned: Image.Image | None,
+             ) -> Callable[[Box], Image.Image]:
+    """Parts of the page tesseract read, with a margin of two pixels, as grey images
+    (only their rows unpacked)."""
+    image = turned if turned is not None else page.image
+    width, height = image.size if image is not None else _size(page)
+
+    def crop(box: Box) -> Image.Image:
+        left, top = max(0, box[0] - 2), max(0, box[1] - 2)
+        right, bottom = min(width, max(left + 1, box[2] + 2)), min(height, max(top + 1,
+                                                                               box[3] + 2))
+        if image is not None:
+            part = image.crop((left, top, right, bottom))
+        else:
+            r = page.rendered
+            band = modes.band_image(r.mode, r.width, r.height, r.data, top, bottom)
+            part = band.crop((left, 0, right, band.height))
+        return part if part.mode == "L" else part.convert("L")
+    return crop
+
+
+_PAPER = [255 if v > 160 else v for v in range(256)]  # light grey: paper, made white
+
+
+def marks_sheet(parts: list[Image.Image]) -> tuple[Image.Image, list[tuple[int, int]]]:
+    """Small parts of a page one under another on a white sheet, as many of their own
+    heights apart, with a margin around each; and the band of rows each one holds. Their
+    paper is made as white as the sheet's (a scan's light grey beside pure white throws
+    tesseract's threshold: "571.39" read as "a7 1.89")."""
+    parts = [p.point(_PAPER) for p in parts]
+    pad = 4
+    tall = max(p.height for p in parts) + 2 * pad
+    wide = max(p.width for p in parts) + 2 * pad
+    sheet = Image.new("L", (wide + 2 * tall, tall * (2 * len(parts) + 1)), 255)
+    bands = []
+    for k, part in enumerate(parts):
+        top = tall * (2 * k + 1)
+        sheet.paste(part, (tall + pad, top + pad + (tall - 2 * pad - part.height) // 2))
+        bands.append((top - tall // 2, top + tall + tall // 2))
+    return sheet, bands
+
+
+def _stroke(page: PageRequest, turned: Image.Image | None) -> Stroke:
+    """How thick the strokes are on the page tesseract read (bold type from regular)."""
+    image = turned if turned is not None else page.image
+    if image is not None:
+        return lambda box: modes.stroke_width(image, box)
+    rendered = page.rendered
+
+    def stroke(box: Box) -> float | None:
         band = modes.band_image(rendered.mode, rendered.width, rendered.height,
-                                rendered.data, top, box[3])
+                                rendered.data, box[1], box[3])
         if band.height == 0:
             return None
-        dark = modes.dark_box(band, (box[0], 0, box[2], band.height))
-        if dark is None:
-            return None
-        (left, y0, right, y1), count = dark
-        return (left, y0 + top, right, y1 + top), count
-    return ink
+        return modes.stroke_width(band, (box[0], 0, box[2], band.height))
+    return stroke
 
 
 def _size(page: PageRequest) -> tuple[int, int]:
@@ -268,10 +352,14 @@ def pnm(image: Image.Image) -> bytes:
     return header + bytes(data)
 
 
-def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None
+def _structure(page: PageRequest, tsv: str, text: str, turned: Image.Image | None,
+               look: Look | None = None, stroke: Stroke | None = None,
                ) -> tuple[Reading, str, list[Word]]:
     """tesseract's reading of a page, its Markdown with the page's structure, and the
     words of the searchable PDF's text layer."""
     reading = tesseract_tsv.read(tsv, text)
-    return (reading, layout.to_markdown(reading, _ink(page, turned)),
+    # ruling lines tesseract does not report (it finds few): from the pixels
+    reading.rules.extend(modes.ruling_lines(_image(page) if turned is None else turned,
+                                            page.dpi))
+    return (reading, layout.to_markdown(reading, _ink(page, turned), look, stroke),
             tesseract_tsv.layer_words(reading))

@@ -155,6 +155,26 @@ def parse(tsv: str) -> tuple[str, list[Word]]:
     return plain_text(reading), layer_words(reading)
 
 
+def band_texts(tsv: str, bands: list[tuple[int, int]]) -> list[tuple[str, float]]:
+    """The words read within each band of rows (top, bottom) of an image, by where their
+    middles lie, joined by spaces, and the lowest confidence among them ("" and 0 for a
+    band with none)."""
+    found: list[list[tuple[str, float]]] = [[] for _ in bands]
+    for cols in _rows(tsv):
+        word = cols[11].strip()
+        try:
+            middle = int(cols[7]) + int(cols[9]) / 2
+            conf = float(cols[10])
+        except ValueError:
+            continue
+        for k, (top, bottom) in enumerate(bands):
+            if word and top <= middle < bottom:
+                found[k].append((word, conf))
+                break
+    return [(" ".join(w for w, _ in words), min(c for _, c in words)) if words
+            else ("", 0.0) for words in found]
+
+
 def confidence(tsv: str) -> float:
     """The mean confidence (0-100) of the page's words; 0 without words."""
     total = count = 0.0

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ocrd.layout.measure import (
     ALIGN,
     ALNUM,
+    BOLD,
     BULLET_READINGS,
     BULLETS,
     DESCENDERS,
@@ -18,14 +19,16 @@ from ocrd.layout.measure import (
     MAX_HEADING_WORDS,
     NUMBER,
     PARAGRAPH_GAP,
+    READABLE,
     ROMAN,
     ROUND_BULLETS,
+    TICKED,
     TITLE,
     Metrics,
     line_em,
     token_em,
 )
-from ocrd.layout.reading import Box, Ink, Line, Token, union
+from ocrd.layout.reading import Box, Ink, Line, Look, Stroke, Token, union
 from ocrd.layout.regions import Region, is_noise
 from ocrd.layout.tables import Table
 from ocrd.outputs import cjk
@@ -33,13 +36,15 @@ from ocrd.outputs import cjk
 
 @dataclass
 class _Marker:
-    kind: str  # bullet, number, letter, roman, lost
+    kind: str  # bullet, number, letter, roman, box (a check box), lost
     text: str  # as read, e.g. "3." or "b)"; "" for a bullet or a lost marker
     value: int  # the number or letter's place (1 for "1." or "a)"); 0 for bullets
     delim: str  # "." or ")"
     left: int  # where the marker starts
     text_left: int  # where the item's words start
     token: Token | None = None  # the marker as read (None: not read at all)
+    box: Box | None = None  # where a marker that was not read shows in the pixels
+    checked: bool = False  # a check box (kind "box") with a tick or a cross in it
 
 
 @dataclass
@@ -84,10 +89,15 @@ class Builder:
     """Walks the lines in reading order and groups them into headings, paragraphs and
     lists; tables come whole."""
 
-    def __init__(self, page: Metrics, lines: list[Line], ink: Ink | None) -> None:
+    def __init__(self, page: Metrics, lines: list[Line], ink: Ink | None,
+                 look: Look | None = None, stroke: Stroke | None = None) -> None:
         self.page = page
         self._lines = lines
         self._ink = ink
+        self._look = look
+        self._stroke = stroke
+        self._body: float | None = None  # the body text's stroke width, per em
+        self._bolds: dict[int, bool] = {}  # lines (by id) found bold or not
         self.blocks: list[Block] = []
         # each of tesseract's paragraphs: its lines' type sizes
         self._pars: dict[tuple[int, int], list[float]] = {}
@@ -109,6 +119,7 @@ class Builder:
                 prev = line
         self._lost_first_items()
         self._single_unread_items()
+        self._read_lost_markers()
         self._long_headings()
         _heading_levels(self.blocks, self.page)
         return self.blocks
@@ -128,6 +139,39 @@ class Builder:
                 self.blocks[k] = Block("paragraph", block.items[0].lines,
                                         column=block.column)
 
+    def _read_lost_markers(self) -> None:
+        """Markers that were not read as words (tesseract often takes a lone "3." for
+        dirt) read again from their pixels, all of the page's in one second look (digits
+        and letters only): numbers and letters keep the list's numbering; what still
+        reads as nothing stays an item without its marker."""
+        if self._look is None or self._ink is None:
+            return
+        lost: list[_Marker] = []
+        for block in self.blocks:
+            for item in block.items if block.kind == "list" else []:
+                marker = item.marker
+                if marker.kind == "lost" and marker.box is None:
+                    line = item.lines[0]
+                    em = self.page.em
+                    mark = self._mark_left_of(line.left - round(0.25 * em),
+                                              line.left - round(4 * em), line)
+                    if mark is not None and self._marker_shaped(mark[0], mark[1], line):
+                        marker.box = mark[0]
+                # a number's or a letter's height: a dot or a dash needs no second look
+                if marker.kind == "lost" and marker.box is not None and \
+                        marker.box[3] - marker.box[1] >= 0.5 * self.page.em:
+                    lost.append(marker)
+        if not lost:
+            return
+        found = self._look([m.box for m in lost if m.box], MARKER_CHARS)
+        for marker, (text, _) in zip(lost, found, strict=True):
+            read = _marker_text(text)
+            if read is not None:
+                marker.kind, marker.text, marker.value, marker.delim = read
+        for block in self.blocks:
+            if block.kind == "list":
+                _digits_read_as_letters(block)
+
     # -- reading one line ------------------------------------------------------------
 
     def _text_line(self, region: Region, k: int, i: int) -> TextLine:
@@ -139,8 +183,15 @@ class Builder:
             marker = _marker(tokens, self.page)
         # "1. Introduction" in large type is a heading; a bullet in large type an item
         heading = (marker is None or marker.kind != "bullet") and self._heading_sized(line)
+        bold = not heading and marker is None and self._bold_heading(region, i)
         if heading:
             marker = None
+        if marker is None and not heading and len(tokens) > 1 and len(tokens[0].text) <= 2 \
+                and tokens[1].box[0] - tokens[0].box[2] >= 0.2 * self.page.em:
+            ticked = self._check_box(tokens[0].box)  # a check box read as letters
+            if ticked is not None:
+                marker = _Marker("box", "", 0, "", tokens[0].box[0], tokens[1].box[0],
+                                 tokens[0], box=tokens[0].box, checked=ticked)
         words = tokens[1:] if marker is not None else tokens
         words = [t for t in words if not _speck(t, self.page)] or words
         box = union(t.box for t in words)
@@ -150,6 +201,10 @@ class Builder:
             tl.heading = 1 if tl.em >= TITLE * self.page.em else 2
         elif tl.marker is None:
             tl.marker = self._unread_marker(tl, region.column)
+        if bold and tl.marker is None:  # (an item beside a mark is no heading)
+            tl.heading = 2
+        if tl.marker is not None and tl.marker.kind == "box" and not readable(words):
+            tl.marker = None  # an icon beside the labels of a screenshot
         return tl
 
     def _unread_marker(self, line: TextLine, column: tuple[int, int]) -> _Marker | None:
@@ -158,7 +213,8 @@ class Builder:
         start leftwards, a few ems at most; dust is passed over."""
         em = self.page.em
         right = line.left - round(0.25 * em)
-        limit = max(column[0] - round(0.5 * em), line.left - round(4 * em))
+        # (hanging in the margin, too: a list of check boxes is its column of text)
+        limit = max(column[0] - round(2.5 * em), line.left - round(4 * em), 0)
         if self._ink is None or right - limit < 0.5 * em or self._words_in(
                 (limit, line.top, right, line.bottom)):
             return None
@@ -168,8 +224,16 @@ class Builder:
             if mark is None:
                 return None
             box, count = mark
+            # a check box may reach above and below the line's letters: all of it
+            reach = round(0.5 * em)
+            whole = self._ink((box[0], line.top - reach, box[2], line.bottom + reach))
+            ticked = self._check_box(whole[0]) if whole is not None else None
+            if ticked is not None:
+                assert whole is not None
+                return _Marker("box", "", 0, "", box[0], line.left, box=whole[0],
+                               checked=ticked)
             if self._marker_shaped(box, count, line) and self._stands_alone(box, line):
-                return _Marker("lost", "", 0, "", box[0], line.left)
+                return _Marker("lost", "", 0, "", box[0], line.left, box=box)
             x = box[0] - 1
         return None
 
@@ -193,6 +257,36 @@ class Builder:
                 break
             box = (more[0][0], box[1], box[2], box[3])
         return self._ink((box[0], line.top, box[2], line.bottom))
+
+    def _check_box(self, box: Box) -> bool | None:
+        """Whether a mark is a check box — a square a half to one and a third ems wide,
+        marked all along its four sides — and whether it is ticked (a tick or a cross
+        inside it: a box filled whole is a white box on a tinted form, one filled nearly
+        whole an icon); None: no check box."""
+        if self._ink is None:
+            return None
+        em = self.page.em
+        left, top, right, bottom = box
+        w, h = right - left, bottom - top
+        if h <= 0 or not (0.75 <= w / h <= 1.33 and 0.45 * em <= max(w, h) <= 1.35 * em):
+            return None
+        sx, sy = max(2, round(w * 0.15)), max(2, round(h * 0.15))
+        for side in ((left, top, right, top + sy), (left, bottom - sy, right, bottom),
+                     (left, top, left + sx, bottom), (right - sx, top, right, bottom)):
+            found = self._ink(side)
+            area = (side[2] - side[0]) * (side[3] - side[1])
+            if found is None or found[1] < 0.45 * area:
+                return None
+        dx, dy = round(w * 0.25), round(h * 0.25)
+        inner = (left + dx, top + dy, right - dx, bottom - dy)
+        found = self._ink(inner)
+        filled = found[1] / max(1, (inner[2] - inner[0]) * (inner[3] - inner[1])) \
+            if found else 0.0
+        if filled >= 0.95:  # a white box on a tinted form: ticked in dark strokes
+            return self._stroke is not None and self._stroke(inner) is not None
+        if filled < TICKED:
+            return False
+        return True if filled <= 0.6 else None  # a tick or a cross; a filled icon
 
     def _stands_alone(self, box: Box, line: TextLine) -> bool:
         """White above and below the mark: not the edge of a picture beside the text."""
@@ -220,12 +314,72 @@ class Builder:
                    for b in self._words)
 
     def _heading_sized(self, line: Line) -> bool:
-        """A heading: a short line of large words, in a paragraph of such lines."""
+        """A heading: a short line of large words, in a paragraph of such lines, that
+        reads as words (not dirt read as letters)."""
         sizes = [s for t in line.tokens if (s := token_em(t))]
         if not 0 < len(sizes) <= MAX_HEADING_WORDS:
             return False
         em = self.page.em
-        return all(size >= HEADING * em for size in self._pars[(line.block, line.par)])
+        return all(size >= HEADING * em for size in self._pars[(line.block, line.par)]) \
+            and readable(line.tokens)
+
+    def _bold_heading(self, region: Region, i: int) -> bool:
+        """A heading in the body's size, set apart by its weight: a short line of words
+        (a page number is none) whose strokes are BOLD times as thick as the body's (for
+        their size), that starts where a paragraph may start, with no bold line right
+        before or after it in its block (a paragraph set bold, a sidebar's lines)."""
+        line = self._lines[i]
+        if self._stroke is None or not self._short_words(line):
+            return False
+        at = region.lines.index(i)
+        if at > 0:  # right under a line of its own paragraph that runs full: text
+            before = self._lines[region.lines[at - 1]]
+            if (before.block, before.par) == (line.block, line.par) and \
+                    before.box[2] >= region.box[2] - 2 * self.page.em:
+                return False
+        if not self._bold(line):
+            return False
+        return not any(self._bold(other) for other in self._neighbours(line))
+
+    def _neighbours(self, line: Line) -> list[Line]:
+        """The lines right above and below a line (side by side with it, less than two
+        lines' pitch away), whatever block tesseract put them in."""
+        box, pitch = line.box, 2 * self.page.pitch
+        out = []
+        for other in self._lines:
+            b = other.box
+            if other is not line and b[0] < box[2] and box[0] < b[2] and (
+                    0 <= box[1] - b[1] <= pitch or 0 < b[1] - box[1] <= pitch):
+                out.append(other)
+        return out
+
+    def _short_words(self, line: Line) -> bool:
+        words = [t for t in line.tokens if ALNUM.search(t.text)]
+        return 0 < len(words) <= MAX_HEADING_WORDS and readable(line.tokens) and any(
+            sum(c.isalpha() for c in t.text) >= 3 for t in words)
+
+    def _bold(self, line: Line) -> bool:
+        assert self._stroke is not None
+        if id(line) not in self._bolds:
+            body = self._body_stroke()
+            words = [t for t in line.tokens if ALNUM.search(t.text)]
+            weight = self._stroke(union(t.box for t in words)) if words else None
+            self._bolds[id(line)] = body is not None and weight is not None and \
+                weight / line_em(line) >= BOLD * body
+        return self._bolds[id(line)]
+
+    def _body_stroke(self) -> float | None:
+        """The body text's stroke width for its size (the median of some of its lines
+        of many words), once per page."""
+        if self._body is None and self._stroke is not None:
+            em = self.page.em
+            body = [ln for ln in self._lines if len(ln.tokens) >= 6
+                    and abs(line_em(ln) - em) <= 0.1 * em]
+            step = max(1, len(body) // 7)  # a few spread over the page will do
+            weights = [w / line_em(ln) for ln in body[::step]
+                       if (w := self._stroke(ln.box)) is not None]
+            self._body = statistics.median(weights) if weights else 0.0
+        return self._body or None
 
     # -- grouping ----------------------------------------------------------------------
 
@@ -246,8 +400,11 @@ class Builder:
             line.tokens.insert(0, line.marker.token)
             line.left, line.marker = line.marker.left, None
         if line.marker is not None:
-            if cur is not None and cur.kind == "list":
-                cur.items.append(Item(self._depth(cur, line.marker), line.marker, [line]))
+            depth = self._depth(cur, line.marker) if cur is not None and cur.kind == "list" \
+                else None
+            if cur is not None and depth is not None and not (
+                    depth == 0 and _other_kind(cur, line.marker)):
+                cur.items.append(Item(depth, line.marker, [line]))
             else:
                 self.blocks.append(Block("list", items=[Item(0, line.marker, [line])],
                                           column=column))
@@ -386,6 +543,22 @@ class Builder:
             del self.blocks[k - 1]
 
 
+def _other_kind(block: Block, marker: _Marker) -> bool:
+    """Numbers right after bullets (or bullets after numbers) at a list's own depth, or
+    a "1." after items whose markers were not read: a list of another kind begins."""
+    if marker.kind == "lost":
+        return False
+    if _ordered(marker) and marker.value == 1 and any(it.depth == 0 for it in block.items):
+        return True
+    kinds = [_ordered(it.marker) for it in block.items if it.depth == 0
+             and it.marker.kind != "lost"]
+    return bool(kinds) and _ordered(marker) != kinds[-1]
+
+
+def _ordered(marker: _Marker) -> bool:
+    return marker.kind in ("number", "letter", "roman")
+
+
 def _baseline(tokens: list[Token]) -> float:
     bottoms = [t.box[3] for t in tokens if ALNUM.search(t.text)
                and not any(c in DESCENDERS for c in t.text)]
@@ -418,6 +591,66 @@ def _speck(t: Token, page: Metrics) -> bool:
     return (not ALNUM.search(t.text) and not any(cjk.is_cjk(c) for c in t.text)
             and max(t.box[2] - t.box[0], t.box[3] - t.box[1]) < 0.4 * page.em
             and 0 <= t.conf < 60)
+
+
+# what a list marker is written with: digits, letters and their delimiters
+MARKER_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.)("
+# letters that a digit alone is often read as
+_DIGIT_LOOKALIKES = {"l": 1, "I": 1, "L": 1, "i": 1, "O": 0, "o": 0, "S": 5, "s": 5,
+                     "Z": 2, "z": 2, "B": 8, "G": 6, "b": 6, "g": 9, "q": 9, "T": 7, "A": 4}
+
+
+def _digits_read_as_letters(block: Block) -> None:
+    """In a numbered list, a marker read as a letter that a digit is often taken for
+    ("L." among "2.", "3.", "4."): the number that stands in its place."""
+    for depth in {it.depth for it in block.items}:
+        siblings = [it.marker for it in block.items if it.depth == depth]
+        numbers = [(k, m.value) for k, m in enumerate(siblings) if m.kind == "number"]
+        starts = {v - k for k, v in numbers}
+        if len(numbers) < 2 or len(starts) != 1:
+            continue
+        start = starts.pop()
+        for k, m in enumerate(siblings):
+            letter = m.text.strip("(").rstrip(".)")
+            if m.kind in ("letter", "roman") and _DIGIT_LOOKALIKES.get(letter) == \
+                    (start + k) % 10:
+                m.kind, m.value = "number", start + k
+                m.text = m.text.replace(letter, str(start + k))
+
+
+_VOWELS = frozenset("aeiouyäöüàâéèêëîïôûåøæœ")
+
+
+def readable(tokens: list[Token]) -> bool:
+    """Whether a line reads as words, not as dirt or marks read as letters: read with
+    some confidence, and a word in it of letters that a word may be made of (a vowel
+    among them, capitals only at its start or throughout; three letters at least), or a
+    figure."""
+    confs = [t.conf for t in tokens if t.conf >= 0]
+    if confs and statistics.mean(confs) < READABLE:
+        return False
+    for t in tokens:
+        word = t.text.strip(".,:;!?()[]\"'“”‘’")
+        if any(c.isdigit() for c in word) and len(word) >= 2:
+            return True
+        if len(word) >= 3 and word.isalpha() and (word.isupper() or word[1:].islower()) \
+                and (any(c.lower() in _VOWELS for c in word) or not word.isascii()):
+            return True
+    return False
+
+
+def _marker_text(text: str) -> tuple[str, str, int, str] | None:
+    """What a second look read where a marker stands, as a marker's (kind, text, value,
+    delimiter): a number or a letter with its full stop or bracket; None for anything
+    else (a bullet reads as nothing, or as a stray letter without a delimiter)."""
+    text = "".join(text.split())
+    if m := NUMBER.fullmatch(text):
+        return "number", m[1], int(m[2]), m[3]
+    if m := LETTER.fullmatch(text):
+        return "letter", m[1], ord(m[2].lower()) - 96, m[3]
+    if (m := ROMAN.fullmatch(text)) and m[2]:
+        return "roman", m[1], 0, m[3]
+    return None
 
 
 def _marker(tokens: list[Token], page: Metrics) -> _Marker | None:

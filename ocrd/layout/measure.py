@@ -16,6 +16,9 @@ GUTTER = 1.0  # a clear strip this wide between regions parts columns of text
 HEADING = 1.25  # a line this much larger than body text is a heading
 TITLE = 1.7  # ... and this much larger, the page's title (#) when all have one size
 MAX_HEADING_WORDS = 12
+BOLD = 1.3  # strokes this much thicker than the body's (for their size): bold type
+READABLE = 60.0  # mean word confidence below which a line reads as dirt, not words
+TICKED = 0.12  # share of a check box's inside marked: ticked (and at most 1 - this)
 TABLE_ROW_GAP = 1.2  # rows of a table follow each other at most this far apart
 PARAGRAPH_GAP = 0.45  # this much more space than between lines starts a paragraph
 ALIGN = 0.6  # lines start "at the same place" within this
@@ -134,13 +137,22 @@ def marker_like(t: Token) -> bool:
             or bool(NUMBER.fullmatch(text) or LETTER.fullmatch(text)))
 
 
+def box_like(t: Token, page: Metrics) -> bool:
+    """A check box read as a letter or two ("O", "C1"): a square half an em wide or more."""
+    w, h = t.box[2] - t.box[0], t.box[3] - t.box[1]
+    return len(t.text) <= 2 and h > 0 and 0.75 <= w / h <= 1.33 and \
+        0.45 * page.em <= max(w, h) <= 1.35 * page.em
+
+
 def attach_markers(lines: list[Line], page: Metrics) -> list[Line]:
     """List markers that tesseract read as a block of their own (a column of `1.`,
-    `2.` beside the items): each goes back to the start of the line it stands beside."""
+    `2.` beside the items, a check box read as "O"): each goes back to the start of the
+    line it stands beside."""
     out = list(lines)
     gone: set[int] = set()
     for i, line in enumerate(lines):
-        if len(line.tokens) > 6 or not all(marker_like(t) for t in line.tokens):
+        if len(line.tokens) > 6 or not all(marker_like(t) or box_like(t, page)
+                                           for t in line.tokens):
             continue
         targets = [_beside(t, lines, i, page) for t in line.tokens]
         if None in targets or len(set(targets)) != len(targets):

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from ocrd.layout.blocks import Builder
 from ocrd.layout.measure import ALNUM, Metrics, Rule, attach_markers
-from ocrd.layout.reading import Box, Ink, Line, Reading, Token
-from ocrd.layout.regions import column_edges, page_regions, reading_order
+from ocrd.layout.reading import Box, Ink, Line, Look, Reading, Stroke, Token
+from ocrd.layout.regions import column_edges, page_regions, reading_order, split_gutters
 from ocrd.layout.tables import page_tables
 from ocrd.layout.write import block_markdown
 
 
-def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
+def to_markdown(reading: Reading, ink: Ink | None = None, look: Look | None = None,
+                stroke: Stroke | None = None) -> str:
     """The page's Markdown: its blocks in reading order, a blank line between them.
-    `ink` (where the page image is dark) finds list markers that were not read."""
+    `ink` (where the page image is dark) finds list markers that were not read, and
+    `look` reads them from the pixels, and table cells read with little confidence
+    again; `stroke` tells bold lines (headings in the body's size) from the body."""
     lines = [line for line in reading.lines if line.tokens]
     if not lines:
         return ""
@@ -27,15 +30,19 @@ def to_markdown(reading: Reading, ink: Ink | None = None) -> str:
     if turned is not None:  # text read as it lies on its side: its own frame
         lines, rules_boxes = turned
         reading = Reading(lines, rules_boxes)
-        ink = None
+        ink = look = stroke = None
     page = Metrics.of(lines)
     lines = attach_markers(lines, page)
     rules = [r for box in reading.rules if (r := Rule.of(box, page.em)) is not None]
     tables, used = page_tables(lines, rules, page)
+    if look is not None:
+        for table in tables:
+            table.read_again(look)
+    lines, used = split_gutters(lines, used, page)
     regions = page_regions(lines, used, tables, page)
     ordered = reading_order(regions, page)
     column_edges(ordered, lines, reading.width)
-    blocks = Builder(page, lines, ink).build(ordered)
+    blocks = Builder(page, lines, ink, look, stroke).build(ordered)
     return "\n\n".join(md for b in blocks if (md := block_markdown(b, page)))
 
 

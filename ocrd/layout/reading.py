@@ -11,6 +11,14 @@ Box = tuple[int, int, int, int]  # left, top, right, bottom: pixels of the page 
 # Where the page image has dark pixels within a box: the box around them and how many
 # there are (None without any). It shows list markers the engine did not read as words.
 Ink = Callable[[Box], "tuple[Box, int] | None"]
+# A second look at small parts of the page image (list markers the engine did not read
+# as words, table cells it read with little confidence): what is written in each box,
+# with only the characters given ("": any), and how confident the reading is (0-100;
+# "" and 0 for nothing).
+Look = Callable[[list[Box], str], list[tuple[str, float]]]
+# How thick the strokes of the dark pixels within a box are, in pixels (None without
+# any): bold type from regular.
+Stroke = Callable[[Box], "float | None"]
 
 
 

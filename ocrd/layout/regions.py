@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ocrd.layout.measure import ALNUM, GUTTER, HEADING, Metrics, line_em
+from ocrd.layout.measure import ALIGN, ALNUM, GUTTER, HEADING, Metrics, line_em
 from ocrd.layout.reading import Box, Line, union
 from ocrd.layout.tables import Table, is_dirt
 
@@ -47,6 +47,67 @@ def page_regions(lines: list[Line], used: set[int], tables: list[Table],
         r.heading = 0 < len(r.lines) <= 2 and all(
             line_em(lines[i]) >= HEADING * page.em for i in r.lines)
     return out
+
+
+_COLUMN_WORDS = 3  # words on either side of a gutter for a line to be cut there
+
+
+def split_gutters(lines: list[Line], used: set[int], page: Metrics,
+                  ) -> tuple[list[Line], set[int]]:
+    """Lines that tesseract read across two columns of text, cut at the gutter: a gap
+    wide as a gutter, open on lines that follow each other, the text right of it
+    starting at the same place on each; on two of them at least, words enough on both
+    sides for lines of text (a row of label and value, or of cells, keeps its order).
+    The right-hand parts become a block of their own (the reading order then reads the
+    columns one after the other). Returns the lines and the new indexes of `used`."""
+    wide = max(GUTTER * page.em, 3 * page.space)
+    tol = ALIGN * page.em
+    # (line, gap's left, gap's right, the token after it, words enough on both sides)
+    gaps: list[tuple[int, int, int, int, bool]] = []
+    for i, line in enumerate(lines):
+        if i in used:
+            continue
+        n = len(line.tokens)
+        for k in range(1, n):
+            a, b = line.tokens[k - 1].box, line.tokens[k].box
+            if b[0] - a[2] >= wide:
+                gaps.append((i, a[2], b[0], k, min(k, n - k) >= _COLUMN_WORDS))
+    groups: list[list[tuple[int, int, int, int, bool]]] = []
+    for g in sorted(gaps, key=lambda g: g[2]):  # by where the text right of it starts
+        if groups and g[2] - groups[-1][0][2] <= tol:
+            groups[-1].append(g)
+        else:
+            groups.append([g])
+    cut: dict[int, int] = {}
+    for group in groups:
+        group.sort(key=lambda g: lines[g[0]].box[1])
+        run = [group[0]]
+        for g in [*group[1:], None]:
+            if g is not None and lines[g[0]].box[1] - lines[run[-1][0]].box[1] <= \
+                    3 * page.pitch:
+                run.append(g)
+                continue
+            strong = {r[0] for r in run if r[4]}
+            if len(strong) >= 2 and max(r[1] for r in run) < min(r[2] for r in run):
+                for r in run:
+                    cut.setdefault(r[0], r[3])
+            if g is not None:
+                run = [g]
+    if not cut:
+        return lines, used
+    top = max(line.block for line in lines) + 1
+    out: list[Line] = []
+    moved: set[int] = set()
+    for i, line in enumerate(lines):
+        if i in used:
+            moved.add(len(out))
+        if i in cut:
+            k = cut[i]
+            out.append(Line(line.tokens[:k], line.block, line.par))
+            out.append(Line(line.tokens[k:], top + line.block, line.par))
+        else:
+            out.append(line)
+    return out, moved
 
 
 def is_noise(line: Line, page: Metrics) -> bool:

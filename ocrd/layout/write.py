@@ -92,6 +92,8 @@ def _list_level(items: list[Item], depth: int, indent: str, column: tuple[int, i
             words = _join(item.lines, column, page)
             if item.marker.kind in ("number", "letter", "roman"):
                 words = f"{item.marker.text} {words}"
+            elif item.marker.kind == "box":  # a task list's item
+                mark = "- [x] " if item.marker.checked else "- [ ] "
         inner = indent + " " * len(mark)
         body = f"\\\n{inner}".join(escape_line(p) for p in words.split("\n"))
         out.append(f"{indent}{mark}{body}")

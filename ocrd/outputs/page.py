@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ocrd.render.deskew import Skew
+
 
 @dataclass(frozen=True, slots=True)
 class Word:
@@ -42,6 +44,10 @@ class PageOutput:
     extra: dict = field(default_factory=dict)
     # the page's words with their boxes, where the engine gives them (None: no geometry)
     words: list[Word] | None = None
+    # how the page was straightened before the engine read it (the pipeline sets it;
+    # words and boxes are on the straightened page, `Skew.to_original` puts them on the
+    # page as scanned); None: it was read as it lies, unmeasured
+    skew: Skew | None = None
 
 
 def unturn(box: tuple[int, int, int, int], angle: int,

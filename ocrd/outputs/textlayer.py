@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ocrd.outputs import markdown
 from ocrd.outputs.page import PageOutput, Word, unturn
+from ocrd.render.deskew import Skew
 
 # tesseract's glyph-less font (tessdata/pdf.ttf, Apache-2.0 like ocrd): one empty glyph,
 # 500 units wide on a 1000-unit em, ascent 1000, descent 0.
@@ -124,14 +125,21 @@ def _clean(text: str) -> str:
                    or ch in "\u200c\u200d").strip()
 
 
-def words_layer(fonts: FontMap, words: Iterable[Word], width: int, height: int) -> str:
-    """Each word over its box (pixels of the page image the engine saw)."""
+def words_layer(fonts: FontMap, words: Iterable[Word], width: int, height: int,
+                skew: Skew | None = None) -> str:
+    """Each word over its box (pixels of the page image the engine saw; of a page that
+    was straightened first, `skew`: the box goes back around the word's place on the
+    page as scanned, `width` × `height`). A word of a skewed page is laid level, not
+    tilted as it stands: poppler (pdftotext, Evince, the search tools built on it) cuts
+    tilted text into pieces of words, as it does tesseract's own PDF of a skewed page;
+    level, every reader finds each word whole."""
     ops = []
     for word in words:
         text = _clean(word.text)
         if not text:
             continue
-        left, top, right, bottom = word.box
+        left, top, right, bottom = skew.to_original(word.box) if skew is not None \
+            else word.box
         ops.append(_show(fonts, text, left / width, 1 - bottom / height,
                          right / width, 1 - top / height))
     return "".join(ops)
@@ -169,12 +177,22 @@ def block_text(content: str) -> list[str]:
     return [re.sub(r"\s+", " ", line).strip() for line in content.splitlines()]
 
 
-def _grid_box(boxes: list[tuple[float, float, float, float]]) -> tuple[float, ...] | None:
-    """The union of a block's boxes on the 0..999 grid, as 0..1 with y up."""
+def _grid_box(boxes: list[tuple[float, float, float, float]], skew: Skew | None = None,
+              ) -> tuple[float, ...] | None:
+    """The union of a block's boxes on the 0..999 grid, as 0..1 with y up (of the page
+    as scanned, for a page that was straightened first: each box's corners go back
+    where they lie there)."""
     def clamp(v: float) -> float:
-        return min(max(v / _GRID, 0.0), 1.0)
-    xs = [clamp(v) for b in boxes for v in (b[0], b[2])]
-    ys = [clamp(v) for b in boxes for v in (b[1], b[3])]
+        return min(max(v, 0.0), 1.0)
+    if skew is not None and skew.angle:
+        (tw, th), (w, h) = skew.turned, skew.size
+        corners = [skew.point(x / _GRID * tw, y / _GRID * th) for b in boxes
+                   for x in (b[0], b[2]) for y in (b[1], b[3])]
+        xs = [clamp(x / w) for x, _ in corners]
+        ys = [clamp(y / h) for _, y in corners]
+    else:
+        xs = [clamp(v / _GRID) for b in boxes for v in (b[0], b[2])]
+        ys = [clamp(v / _GRID) for b in boxes for v in (b[1], b[3])]
     if max(xs) - min(xs) <= 0 or max(ys) - min(ys) <= 0:
         return None
     return (min(xs), 1 - max(ys), max(xs), 1 - min(ys))
@@ -188,17 +206,18 @@ def grid_boxes(boxes: list, rotation: int | None) -> list:
     return [unturn(tuple(round(v) for v in b), rotation, (_GRID, _GRID)) for b in boxes]
 
 
-def blocks_layer(fonts: FontMap, raw: str, rotation: int | None = None
-                 ) -> tuple[str, list[str]]:
+def blocks_layer(fonts: FontMap, raw: str, rotation: int | None = None,
+                 skew: Skew | None = None) -> tuple[str, list[str]]:
     """Every text block of DeepSeek-OCR-2's tag stream inside its box (on the page as
-    given: `rotation` turns the boxes of a page read turned back); figures are left out.
+    given: `rotation` turns the boxes of a page read turned back, `skew` puts those of a
+    straightened page onto the scan); figures are left out.
     Returns the operators and the lines of text that came without a box."""
     ops, loose = [], []
     for label, boxes, content in markdown.text_blocks(raw):
         if label == "image":
             continue
         lines = block_text(content)
-        box = _grid_box(grid_boxes(boxes, rotation)) if boxes else None
+        box = _grid_box(grid_boxes(boxes, rotation), skew) if boxes else None
         if box is None:
             loose.extend(lines)
         else:
@@ -209,13 +228,14 @@ def blocks_layer(fonts: FontMap, raw: str, rotation: int | None = None
 def page_layer(fonts: FontMap, out: PageOutput, width: int, height: int,
                grounding: bool) -> PageLayer:
     """The page's layer from what the engine gave: its words, its grounding blocks, or
-    else its text in one box over the page."""
+    else its text in one box over the page. `width` × `height`: the page as scanned
+    (the engine's boxes may be on a straightened copy of it: `out.skew`)."""
     before = fonts.shown
     loose: list[str] = []
     if out.words is not None:
-        placement, ops = "words", words_layer(fonts, out.words, width, height)
+        placement, ops = "words", words_layer(fonts, out.words, width, height, out.skew)
     elif grounding:
-        ops, loose = blocks_layer(fonts, out.text, out.rotation)
+        ops, loose = blocks_layer(fonts, out.text, out.rotation, out.skew)
         placement = "blocks" if ops else "page"
     else:
         placement, ops, loose = "page", "", out.text.splitlines()

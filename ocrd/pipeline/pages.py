@@ -27,7 +27,7 @@ from ocrd.engines.base import Engine, PageRequest
 from ocrd.outputs import modeltext
 from ocrd.outputs.page import PageOutput, unturn
 from ocrd.pipeline import budget
-from ocrd.render import pages, pixels
+from ocrd.render import deskew, pages, pixels
 
 if TYPE_CHECKING:
     from ocrd.config.settings import Config
@@ -116,6 +116,8 @@ class DocumentPages:
         self.assets_link, self.blog, self.outputs = assets_link, blog, outputs
         self.results: list[dict] = [{} for _ in range(info.pages)]
         self.lost: dict[int, errors.OcrdError] = {}  # pages that could not be rendered
+        # how each page was straightened (render.deskew; None: read as it lies)
+        self.skews: dict[int, deskew.Skew | None] = {}
         self.unfinished = info.pages  # pages without their engine output yet
         self.ahead = asyncio.Semaphore(conv.cfg.render.lookahead)
         self.doc_key = object()  # identity of this document for the fair slots
@@ -145,9 +147,13 @@ class DocumentPages:
         self.conv.progressed()
 
     async def _render(self, i: int) -> pages.RenderedPage:
+        """Page i as the engine gets it: rendered and, with render.deskew, straightened
+        (the same way each time it is rendered again for a retry)."""
         conv = self.conv
-        return await self.workers.call(pages.render_page, self.src.path, self.info, i,
-                                       conv.resolution, conv.cfg.limits.max_pixels)
+        page, self.skews[i] = await self.workers.call(
+            deskew.render_straight_page, self.src.path, self.info, i, conv.resolution,
+            conv.cfg.limits.max_pixels, conv.cfg.render.deskew)
+        return page
 
     async def _page(self, i: int) -> None:
         conv = self.conv
@@ -169,7 +175,11 @@ class DocumentPages:
             render_s = time.monotonic() - t
             self.guess = conv.resolution.cost(rendered.mode, rendered.width * rendered.height)
             await memory.settle(self.guess)
-            size = replace(rendered, data=b"")  # what the sidecar needs
+            # what the sidecar and the text layer need: the page as scanned, whatever
+            # size its straightened image has
+            skew = self.skews.get(i)
+            size = replace(rendered, data=b"") if skew is None else replace(
+                rendered, width=skew.size[0], height=skew.size[1], data=b"")
             # A page waits for its slot packed (RGB; grey or 1-bit for an engine that reads
             # those: a Pillow RGB image takes a third more) and becomes an image when
             # handed to an engine that wants one. The pipeline then keeps no reference
@@ -191,12 +201,13 @@ class DocumentPages:
             held = False
             self._moved_on()
             out = await self._in_engine(request, i)
+            out.skew = skew
             turn = self._turn(i)
             if turn is not None:  # read turned by hand: say so, boxes on the page as given
                 out.rotation = turn
-                if out.words:
-                    out.words = [replace(w, box=unturn(
-                        w.box, turn, (size.width, size.height))) for w in out.words]
+                if out.words:  # (as straightened, where it was: out.skew goes on from there)
+                    read = skew.turned if skew is not None else (size.width, size.height)
+                    out.words = [replace(w, box=unturn(w.box, turn, read)) for w in out.words]
             self.unfinished -= 1
             if (doc := conv.documents.get(id(self.src))) is not None:
                 doc.done += 1
@@ -331,6 +342,7 @@ class DocumentPages:
             "height": rendered.height,
             "dpi": round(rendered.dpi, 2) if rendered.dpi else None,
             "rotation": out.rotation,
+            "skew": out.skew.angle if out.skew is not None else None,
             "render_seconds": round(render_s, 4),
             "engine_seconds": round(out.seconds, 4),
             "started_at": out.started_at,
@@ -350,7 +362,8 @@ class DocumentPages:
             "degraded": None if status == "blank" else "unreadable",
             "finish_reason": None, "tokens": None, "prompt_tokens": None, "attempts": 0,
             "malformed_output": False, "width": None, "height": None, "dpi": None,
-            "rotation": None, "render_seconds": round(render_s, 4), "engine_seconds": 0.0,
+            "rotation": None, "skew": None, "render_seconds": round(render_s, 4),
+            "engine_seconds": 0.0,
             "started_at": None, "finished_at": None, "figures": [], "markdown": "",
             "message": str(e),
         }

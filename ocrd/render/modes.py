@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageFilter
 
 # A band of rows rendered at once (grey bytes); the page's own buffer is the only full
 # copy.
@@ -101,12 +101,30 @@ def render_grey(page: Any, dpi: float, one_bit: bool) -> tuple[int, int, bytearr
 
 
 _DARK = [255 if v < 128 else 0 for v in range(256)]
+# how far from the paper's grey a pixel stands out as a mark: darker (ink), or lighter
+# on a tinted paper (a form's white check boxes on its coloured ground)
+_DARKER, _LIGHTER = 64, 40
+
+
+def paper(image: Image.Image) -> int:
+    """The page's paper: its most common grey."""
+    counts = (image if image.mode == "L" else image.convert("L")).histogram()
+    return max(range(256), key=lambda v: counts[v])
+
+
+def marks_table(paper: int) -> list[int]:
+    """A point table that makes the pixels standing out from paper of this grey 255,
+    the others 0."""
+    lighter = paper + _LIGHTER if paper + _LIGHTER < 255 else 256
+    return [255 if v < paper - _DARKER or v >= lighter else 0 for v in range(256)]
 
 
 def dark_box(image: Image.Image, box: tuple[int, int, int, int],
+             table: list[int] | None = None,
              ) -> tuple[tuple[int, int, int, int], int] | None:
     """Where the dark pixels inside `box` of the image lie (page coordinates) and how
-    many there are; None without any."""
+    many there are; None without any. `table`: what counts as dark (marks_table:
+    whatever stands out from the paper)."""
     left, top, right, bottom = box
     left, top = max(0, left), max(0, top)
     right, bottom = min(image.width, right), min(image.height, bottom)
@@ -114,12 +132,45 @@ def dark_box(image: Image.Image, box: tuple[int, int, int, int],
         return None
     crop = image.crop((left, top, right, bottom))
     crop = crop if crop.mode == "L" else crop.convert("L")
-    dark = crop.point(_DARK)
+    dark = crop.point(_DARK if table is None else table)
     found = dark.getbbox()
     if found is None:
         return None
     return ((left + found[0], top + found[1], left + found[2], top + found[3]),
             dark.histogram()[255])
+
+
+def mark_box(marks: Image.Image, box: tuple[int, int, int, int],
+             ) -> tuple[tuple[int, int, int, int], int] | None:
+    """dark_box on a page's marks already found (255 where a mark is: marks_table)."""
+    left, top, right, bottom = box
+    left, top = max(0, left), max(0, top)
+    right, bottom = min(marks.width, right), min(marks.height, bottom)
+    if right <= left or bottom <= top:
+        return None
+    crop = marks.crop((left, top, right, bottom))
+    found = crop.getbbox()
+    if found is None:
+        return None
+    return ((left + found[0], top + found[1], left + found[2], top + found[3]),
+            crop.histogram()[255])
+
+
+def stroke_width(image: Image.Image, box: tuple[int, int, int, int]) -> float | None:
+    """How thick the strokes of the dark pixels inside `box` are, in pixels: twice their
+    count over the count of those at their edges (a stroke w wide and l long has w·l
+    pixels, 2·l of them at its edges); None without any, or where most are dark."""
+    left, top = max(0, box[0]), max(0, box[1])
+    right, bottom = min(image.width, box[2]), min(image.height, box[3])
+    if right <= left or bottom <= top:
+        return None
+    crop = image.crop((left, top, right, bottom))
+    dark = (crop if crop.mode == "L" else crop.convert("L")).point(_DARK)
+    count = dark.histogram()[255]
+    if count > 0.5 * dark.width * dark.height:
+        return None  # light text on a dark ground: its strokes are the light pixels
+    inner = dark.filter(ImageFilter.MinFilter(3)).histogram()[255]
+    return 2 * count / (count - inner) if count > inner else None
 
 
 def band_image(mode: str, width: int, height: int, data: bytes | bytearray,
@@ -130,3 +181,82 @@ def band_image(mode: str, width: int, height: int, data: bytes | bytearray,
     rows = bytes(data[top * stride:bottom * stride])
     raw = {"1": "1;I", "L": "L", "RGB": "RGB"}[mode]
     return Image.frombytes(mode, (width, max(0, bottom - top)), rows, "raw", raw)
+
+
+def ruling_lines(image: Image.Image, dpi: float) -> list[tuple[int, int, int, int]]:
+    """The page's ruling lines (a table's grid, underlines) as boxes: runs of dark
+    pixels at least RULE_INCHES long and at most RULE_THICK_INCHES thick, across or
+    down the page. Found on the page squeezed along the line's direction, where a rule
+    stays dark and text turns grey."""
+    grey = image if image.mode == "L" else image.convert("L")
+    dpi = dpi or 300.0
+    # at 200 dpi and more, halved first (a quarter of the pixels to look at): a rule one
+    # pixel thin stays darker than _HALF_DARK there
+    half = 2 if dpi >= 200 and min(grey.size) >= 64 else 1
+    dark = grey.reduce(half).point(_HALF_DARK) if half > 1 else grey.point(_DARK)
+    dpi /= half
+    step = max(2, round(dpi / 30))  # pixels squeezed into one
+    longest = max(2, round(RULE_INCHES * dpi / step))
+    thick = max(1, round(RULE_THICK_INCHES * dpi))
+    found = _runs(dark, step, longest, thick, down=False) + [
+        (top, left, bottom, right)
+        for left, top, right, bottom in _runs(dark, step, longest, thick, down=True)]
+    return [(a * half, b * half, c * half, d * half) for a, b, c, d in found]
+
+
+RULE_INCHES = 0.4  # a ruling line is at least this long
+RULE_THICK_INCHES = 0.03  # ... and at most this thick
+_SOLID = [255 if v >= 224 else 0 for v in range(256)]
+_HALF_DARK = [255 if v < 192 else 0 for v in range(256)]
+_WHOLE = [255 if v == 255 else 0 for v in range(256)]
+
+
+def _runs(dark: Image.Image, step: int, longest: int, thick: int, down: bool,
+          ) -> list[tuple[int, int, int, int]]:
+    """Rules of a dark-pixel mask (255 dark) across it (`down`: down it, as boxes of
+    the mask turned about its diagonal): rows whose squeezed pixels stay solid for
+    `longest` in a row, joined with the rows next to them."""
+    if down:  # squeezed down the page, then turned: its columns become rows
+        w, h = dark.height, dark.width
+        if w < step * longest:
+            return []
+        squeezed = dark.resize((h, w // step), Image.Resampling.BOX).point(_SOLID) \
+            .transpose(Image.Transpose.TRANSPOSE)
+    else:
+        w, h = dark.size
+        if w < step * longest:
+            return []
+        squeezed = dark.resize((w // step, h), Image.Resampling.BOX).point(_SOLID)
+    # rows that may hold a rule: squeezed again by half a rule's length, solid
+    # somewhere still (a run of `longest` holds such a stretch whole; text seldom does)
+    width = w // step
+    half = max(1, longest // 2)
+    again = squeezed.resize((max(1, width // half), h), Image.Resampling.BOX)
+    rows = again.point(_WHOLE).resize((1, h), Image.Resampling.BOX).tobytes()
+    found: dict[int, list[tuple[int, int]]] = {}
+    for y in range(h):
+        if not rows[y]:
+            continue
+        row = squeezed.crop((0, y, width, y + 1)).tobytes()
+        start = None
+        for x, v in enumerate(row + b"\0"):
+            if v and start is None:
+                start = x
+            elif not v and start is not None:
+                if x - start >= longest:
+                    found.setdefault(y, []).append((start, x))
+                start = None
+    rules: list[tuple[int, int, int, int]] = []
+    open_: list[list[int]] = []  # [x0, x1, top, bottom] of rules still growing
+    for y in sorted(found):
+        for x0, x1 in found[y]:
+            for r in open_:
+                if r[3] >= y - 1 and x0 < r[1] and r[0] < x1:
+                    r[0], r[1], r[3] = min(r[0], x0), max(r[1], x1), y
+                    break
+            else:
+                open_.append([x0, x1, y, y])
+    for x0, x1, top, bottom in open_:
+        if bottom - top + 1 <= thick:
+            rules.append((x0 * step, top, x1 * step, bottom + 1))
+    return rules

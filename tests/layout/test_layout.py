@@ -399,3 +399,70 @@ def test_a_number_that_starts_a_line_of_running_text_is_no_list() -> None:
     md = md_of(lines)
     assert md == ("The figures for the year are given in the appendix, on page 3. The "
                   "totals there include the taxes paid by the office in the spring."), md
+
+
+def test_two_columns_read_as_one_line_each_are_read_column_by_column() -> None:
+    """tesseract sometimes reads the lines of two columns side by side as one line
+    each: they are cut at the gutter, and the columns read one after the other."""
+    left = wrap("The left column holds prose that goes on for some lines, each of them "
+                "as long as the column is wide, until the paragraph ends here.", 34)
+    right = wrap("The right column holds other words on the same heights, lines that "
+                 "start at one place beside the left ones, to the very end.", 34)
+    lines = []
+    for k, (a, b) in enumerate(zip(left, right, strict=False)):
+        y = 200 + round(k * 1.3 * EM)
+        lines.append(Line(words_line(a, 100, y).tokens + words_line(b, 1000, y).tokens))
+    blocks = shown(md_of(lines))
+    n = min(len(left), len(right))
+    assert [b.kind for b in blocks] == ["paragraph", "paragraph"]
+    assert blocks[0].text == " ".join(left[:n]) and blocks[1].text == " ".join(right[:n])
+
+
+def test_numbers_after_bullets_begin_a_list_of_their_own() -> None:
+    lines = [words_line(f"• {t}", 100, 200 + k * 60) for k, t in
+             enumerate(["First point here", "Second point there"])]
+    lines += [words_line(f"{k + 1}. {t}", 100, 320 + k * 60) for k, t in
+              enumerate(["One step now", "Two steps later", "Three at last"])]
+    md = md_of(lines)
+    assert md == ("- First point here\n- Second point there\n\n1. One step now\n"
+                  "2. Two steps later\n3. Three at last"), md
+
+
+def test_a_numbered_list_above_a_table_is_not_taken_into_it() -> None:
+    """Items whose marker stands apart from their words (as far as cells do) right
+    above a table without rules: the list stays a list, the table a table."""
+    items = [words_line(f"{k + 1}. {t}", 100, 200 + k * 60, gap=0.3) for k, t in
+             enumerate(["Capital building structure effect", "Working heating share",
+                        "Season street estate approval office"])]
+    for line in items:  # the marker a cell's gap away from its words
+        m = line.tokens[0]
+        line.tokens[0] = Token(m.text, (m.box[0] - EM, m.box[1], m.box[2] - EM, m.box[3]),
+                               m.conf)
+    rows = [["Item", "Share", "Town", "Unit"], ["Notebook", "12%", "Riverside", "946.55"],
+            ["Whiteboard", "31%", "Springfield", "829.12"],
+            ["Toner", "61%", "Oakhurst", "757.00"]]
+    table = [Line([t for c, cell in enumerate(row)
+                   for t in words_line(cell, 100 + c * 500, 380 + r * 60).tokens], 2, 1)
+             for r, row in enumerate(rows)]
+    md = md_of([*items, *table])
+    blocks = shown(md)
+    assert [b.kind for b in blocks] == ["item"] * 3 + ["table"], md
+    assert [b.ordered for b in blocks[:3]] == [True] * 3
+    assert blocks[3].rows == rows
+
+
+@pytest.mark.parametrize(("text", "conf"), [("WPWnP", 95.0), ("Xqz Wpt", 90.0),
+                                            ("Quarterly report", 40.0)])
+def test_no_heading_is_made_of_noise(text: str, conf: float) -> None:
+    """A large mark that tesseract read as letters (an unread list marker, a stamp):
+    letters no word is made of, or read with little confidence, are no heading."""
+    big = words_line(text, 100, 100, em=2 * EM, block=1)
+    big = Line([Token(t.text, t.box, conf) for t in big.tokens], 1, 1)
+    md = md_of([big, *paragraph_lines(BODY, 100, 250, 2)])
+    assert not md.startswith("#"), md
+
+
+def test_a_real_heading_of_large_words_still_is_one() -> None:
+    md = md_of([words_line("Quarterly report 2024", 100, 100, em=2 * EM, block=1),
+                *paragraph_lines(BODY, 100, 250, 2)])
+    assert md.startswith("# Quarterly report 2024"), md

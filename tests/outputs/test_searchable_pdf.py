@@ -191,6 +191,64 @@ def test_scanned_pdf_text_is_found_where_tesseract_saw_it(converted: dict) -> No
         assert_words_on_their_boxes(out / "scan.pdf", i + 1, image, dpi)
 
 
+@pytest.mark.e2e
+def test_a_page_scanned_askew_is_read_straight_its_words_laid_on_the_scan(
+        tmp_path: Path) -> None:
+    """A page that went into the scanner 2.5° askew: ocrd straightens it to read it (the
+    sidecar says by how much), the PDF keeps the scan as it was, and every word of the
+    text layer lies where the scan shows it: the middle of its pdftotext box on the
+    middle of the box tesseract draws around the word on the scan as it lies."""
+    from structure_pages import make_page, render
+
+    scan = render(make_page("prose", 4), 300, skew=2.5)
+    src = tmp_path / "askew.pdf"
+    scan.save(src, "PDF", resolution=300)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "ocrd", "convert", "--engine", "tesseract",
+                        "--pdf", "-o", out, src], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "askew.json").read_text())
+    assert abs(meta["pages"][0]["skew"] - 2.5) <= 0.11
+    # the page as scanned (rendered again from its PDF: to a pixel), not the larger
+    # straightened one
+    assert abs(meta["pages"][0]["width"] - scan.width) <= 1
+    assert abs(meta["pages"][0]["height"] - scan.height) <= 1
+    made = out / "askew.pdf"
+    assert image_hashes(pikepdf.open(made), 0) == image_hashes(pikepdf.open(src), 0)
+    seen = tesseract_words(scan)
+    counts: dict[str, int] = {}
+    for w in seen:
+        counts[w.text] = counts.get(w.text, 0) + 1
+    laid: dict[str, list[list[float]]] = {}
+    for text, *box in bbox_words(made, 1):
+        laid.setdefault(text, []).append(box)
+    near = far = 0
+    for w in seen:
+        if counts[w.text] != 1 or len(w.text) < 4 or len(laid.get(w.text, [])) != 1:
+            continue
+        x0, y0, x1, y1 = (v * 72 / 300 for v in w.box)
+        g = laid[w.text][0]
+        # tesseract's box holds the tilted word: taller than the word by its width's
+        # rise; the word's own height is what is left of it
+        height = (y1 - y0) - (x1 - x0) * 0.0437
+        off = max(abs((g[0] + g[2]) / 2 - (x0 + x1) / 2), abs((g[1] + g[3]) / 2 - (y0 + y1) / 2))
+        if off <= max(2.0, 0.4 * height):
+            near += 1
+        else:
+            far += 1
+    assert near >= 40 and far <= near // 20, (near, far)
+    # render.deskew: false reads the page as it lies
+    config = tmp_path / "config.yaml"
+    config.write_text("render:\n  deskew: false\n")
+    r = subprocess.run([sys.executable, "-m", "ocrd", "convert", "--engine", "tesseract",
+                        "-c", config, "-o", tmp_path / "as-is", src], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "as-is" / "askew.json").read_text())["pages"][0]["skew"] \
+        is None
+
+
 def test_sidecars_with_the_pdf_match_the_schema(converted: dict, tmp_path: Path) -> None:
     from helpers import make_pdf
     from record_schemas import valid, validator
@@ -556,3 +614,22 @@ def test_a_pdf_that_fails_is_counted_and_leaves_nothing(tmp_path: Path) -> None:
     assert metrics.registry.get_sample_value("ocrd_output_failures_total",
                                              {"output": "pdf"}) == 1
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_grounding_boxes_of_a_straightened_page_go_back_onto_the_scan() -> None:
+    """A GPU engine's block boxes (0..999 of the straightened page it was given) lie on
+    the page as scanned: each corner mapped back, the block's box around them."""
+    from ocrd.outputs import textlayer
+    from ocrd.render.deskew import Skew
+
+    skew = Skew(10.0, (1000, 1400), (1228, 1553))
+    box = textlayer._grid_box([(399.0, 499.0, 599.0, 549.0)], skew)
+    assert box is not None
+    corners = [skew.point(x / 999 * 1228, y / 999 * 1553)
+               for x in (399, 599) for y in (499, 549)]
+    want = (min(x for x, _ in corners) / 1000, 1 - max(y for _, y in corners) / 1400,
+            max(x for x, _ in corners) / 1000, 1 - min(y for _, y in corners) / 1400)
+    assert box == pytest.approx(want)
+    # as read without a turn: the box on the grid itself
+    assert textlayer._grid_box([(399.0, 499.0, 599.0, 549.0)], None) == pytest.approx(
+        (399 / 999, 1 - 549 / 999, 599 / 999, 1 - 499 / 999))

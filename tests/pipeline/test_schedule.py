@@ -27,7 +27,7 @@ from ocrd.outputs.page import PageOutput
 from ocrd.pipeline.document import Converter
 from ocrd.pipeline.schedule import FairSlots, Scheduler
 from ocrd.pipeline.source import Source
-from ocrd.render import pages
+from ocrd.render import deskew, pages
 
 
 async def settle(rounds: int = 50) -> None:
@@ -314,7 +314,8 @@ def test_order_of_and_remove_keep_queued_keys_consistent() -> None:
 
 
 class FakePool:
-    """render_page without processes: counts pages rendered and not yet handed on."""
+    """The render worker's call without processes (pages neither measured nor
+    straightened): counts pages rendered and not yet handed on."""
 
     def __init__(self) -> None:
         self.renders = 0
@@ -329,11 +330,11 @@ class FakePool:
         pass
 
     async def call(self, fn: Callable[..., Any], *args: Any, **_: Any) -> Any:
-        assert fn is pages.render_page
+        assert fn is deskew.render_straight_page
         await asyncio.sleep(0)
         self.renders += 1
         index = args[2]
-        return pages.RenderedPage(index, 4, 4, bytes([index % 256]) * 48, 144.0)
+        return pages.RenderedPage(index, 4, 4, bytes([index % 256]) * 48, 144.0), None
 
 
 class BlockingEngine(Engine):
@@ -450,13 +451,13 @@ class NoisePool(FakePool):
         self.rendered: list[weakref.ref] = []
 
     async def call(self, fn: Callable[..., Any], *args: Any, **_: Any) -> Any:
-        assert fn is pages.render_page
+        assert fn is deskew.render_straight_page
         await asyncio.sleep(0)
         index = args[2]
         page = pages.RenderedPage(index, 400, 600, random.Random(index).randbytes(400 * 600 * 3),
                                   144.0)
         self.rendered.append(weakref.ref(page))
-        return page
+        return page, None
 
 
 def test_a_remote_engines_page_waits_for_its_figures_as_the_url_sent(tmp_path: Path) -> None:
