@@ -198,6 +198,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             engine = _engine_chosen(cfg)
         except ConfigError as e:
             problems += e.problems
+        from ocrd.engines import preflight
+
+        problems += preflight(cfg.engine)  # what would keep the engine from starting
     problems = list(dict.fromkeys(problems))
     for note in checked.notes:
         print(printable(f"ocrd: note: {note}"), file=sys.stderr)

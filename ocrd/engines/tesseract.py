@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import replace
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import structlog
 from PIL import Image
 
+from ocrd.config.engine import TesseractConfig
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageRequest
@@ -32,6 +34,13 @@ from ocrd.render import modes
 log = structlog.get_logger("ocrd.engine.tesseract")
 
 FEED_BYTES = 1 << 20  # written to tesseract's stdin at a time
+# The outputs (TSV, then text) asked for by variable, not by the names of tesseract's
+# config files (`tsv txt`): a tessdata folder without tesseract's configs/ (a download of
+# tessdata_best or tessdata_fast) has no such files, and tesseract then writes plain
+# text only and exits 0 — every page would pass as blank.
+OUTPUTS = ("-c", "tessedit_create_tsv=1", "-c", "tessedit_create_txt=1")
+# Seconds the self-test's one tiny page may take (a cold start loads the language data).
+SELF_TEST_SECONDS = 120.0
 
 
 class TesseractEngine(Engine):
@@ -45,6 +54,13 @@ class TesseractEngine(Engine):
     # tesseract's own peak RSS per pixel in each mode (measured with tesseract 5.3), plus
     # the packed page in the daemon and the render worker
     pixel_bytes = {"1": 7.5, "L": 11.0, "RGB": 17.0}  # noqa: RUF012 - read only
+
+    @classmethod
+    def preflight(cls, cfg: EngineConfig) -> list[str]:
+        problems = super().preflight(cfg)
+        if shutil.which("tesseract") is not None:  # (not installed: start says so)
+            problems += self_test(cfg.tesseract)
+        return problems
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg.tesseract
@@ -78,6 +94,9 @@ class TesseractEngine(Engine):
         if missing:
             raise EngineDead(f"tesseract has no language data for {'+'.join(missing)} "
                              f"(apt-get install tesseract-ocr-{missing[0]})")
+        problems = await asyncio.to_thread(self_test, self.cfg, self.binary)
+        if problems:
+            raise EngineDead("; ".join(problems))
         log.info("engine_ready", engine="tesseract", version=self.version,
                  lang=self.cfg.lang, workers=self.max_concurrency)
 
@@ -115,11 +134,11 @@ class TesseractEngine(Engine):
         """tesseract's TSV and text for the page from one run: every word with its box
         and confidence in its block, paragraph and line (the Markdown's structure, the
         searchable PDF's layer), and where the words have spaces between them."""
-        args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
-        if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
-            args += ["--dpi", str(round(page.dpi))]
-        out = await self._tesseract(image, [*args, "tsv", "txt"])
-        return tesseract_tsv.split(out.decode("utf-8", errors="replace"))
+        out = await self._tesseract(image, read_args(self.cfg, page.dpi))
+        tsv, text = tesseract_tsv.split(out.decode("utf-8", errors="replace"))
+        if not tsv:  # never a blank page: tesseract did not do what it was asked
+            raise EngineDead(not_tsv(text, "", self.binary or "tesseract"))
+        return tsv, text
 
     async def _tesseract(self, image: tuple[bytes, bytes | bytearray],
                          args: list[str]) -> bytes:
@@ -155,6 +174,73 @@ class TesseractEngine(Engine):
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
                 "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
+
+
+def read_args(cfg: TesseractConfig, dpi: float) -> list[str]:
+    """tesseract's arguments for reading a page: its TSV and its text, from one run."""
+    args = ["-l", cfg.lang, "--psm", str(cfg.psm)]
+    if dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
+        args += ["--dpi", str(round(dpi))]
+    return [*args, *OUTPUTS]
+
+
+def self_test(cfg: TesseractConfig, binary: str | None = None) -> list[str]:
+    """tesseract run once as the engine runs it, on a tiny page of printed text: what
+    keeps it from giving ocrd the page's words (it fails, or writes something other than
+    its TSV table), one line per problem with the fix; [] when it works. The engine's
+    start refuses to go on without it; check-config asks too (Engine.preflight)."""
+    binary = binary or shutil.which("tesseract")
+    if binary is None:
+        return ["engine.kind: tesseract: tesseract is not installed (apt-get install "
+                "tesseract-ocr tesseract-ocr-eng)"]
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    try:
+        r = subprocess.run([binary, "stdin", "stdout", *read_args(cfg, 300)],
+                           input=pnm(sample_page()), capture_output=True, env=env,
+                           timeout=SELF_TEST_SECONDS, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"engine.tesseract: tesseract ({binary}) did not read a test page ({e})"]
+    said = r.stderr.decode(errors="replace")
+    if r.returncode != 0:
+        last = [ln for ln in said.splitlines() if ln.strip()][-1:] or [""]
+        return [f"engine.tesseract: tesseract ({binary}) fails on a test page with lang "
+                f"{cfg.lang!r} (exit {r.returncode}: {last[0].strip()[:200]}); "
+                f"{_data_fix(cfg.lang)}"]
+    tsv, text = tesseract_tsv.split(r.stdout.decode("utf-8", errors="replace"))
+    if not tsv:
+        return [f"engine.tesseract: {not_tsv(text, said, binary)}"]
+    return []
+
+
+def sample_page() -> Image.Image:
+    """A tiny page of printed text (grey, as the engine's pages are)."""
+    from PIL import ImageDraw, ImageFont
+
+    page = Image.new("L", (640, 160), 255)
+    ImageDraw.Draw(page).text((40, 40), "Ocrd 2024", fill=0,
+                              font=ImageFont.load_default(size=64))
+    return page
+
+
+def not_tsv(text: str, said: str, binary: str) -> str:
+    """Why tesseract's output is not what ocrd reads, and what to do about it."""
+    got = " ".join(text.split())[:60]
+    complaint = next((ln.strip() for ln in said.splitlines() if ln.strip()), "")
+    return (f"tesseract ({binary}) wrote no TSV table, only "
+            f"{repr(got) if got else 'nothing'}"
+            f"{f' (it said: {complaint[:160]})' if complaint else ''}: its setup is "
+            f"broken, and every page would pass as blank; {_data_fix()}")
+
+
+def _data_fix(lang: str = "") -> str:
+    prefix = os.environ.get("TESSDATA_PREFIX")
+    first = lang.split("+")[0] if lang else ""
+    if prefix:
+        return (f"TESSDATA_PREFIX={prefix!r} names the language data: make it a complete "
+                f"tessdata folder{f' with {first}.traineddata' if first else ''} (or "
+                "unset it to use the system's)")
+    return ("reinstall tesseract's language data (apt-get install --reinstall "
+            f"tesseract-ocr-{first.replace('_', '-') or 'eng'})")
 
 
 def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
