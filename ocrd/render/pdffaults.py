@@ -3,11 +3,18 @@
 PDFium and poppler report failures as raw text (poppler as several "Syntax Error: …"
 lines). A PDF whose trailer is there and that still cannot be read is damaged, not
 "truncated" (ocrd/render/pages.py says truncated only when the bytes stop before %%EOF).
+
+A page that renders white is blank only if it is: PDFium draws nothing for a content
+stream it cannot decode (poppler says "Bad FCHECK in flate stream"), or for content that
+is missing (a file cut off before it), and says nothing. `unreadable_content` looks
+for that evidence (qpdf decodes the page's streams) when a page comes out white.
 """
 
 from __future__ import annotations
 
+import io
 import re
+from typing import Any
 
 from ocrd import errors
 
@@ -56,3 +63,101 @@ def check_page_size(width: int, height: int, index: int, renderer: str,
     raise errors.Damaged(
         f"page {index + 1} came out as {width}×{height} pixels: {renderer} cannot "
         "read it (it is damaged)")
+
+
+class UnreadableContent(errors.Damaged):
+    """A page that renders white because what it draws is missing or cannot be decoded:
+    damaged, not blank (and another renderer would draw the same nothing)."""
+
+
+class CutOffContent(errors.Truncated):
+    """A page of a PDF cut off before its end (read from the copy qpdf repaired) whose
+    content is not in the file: truncated, not blank."""
+
+
+# Filters qpdf decodes itself: a stream with only these can be checked by decoding it.
+_DECODABLE = {"/FlateDecode", "/LZWDecode", "/ASCII85Decode", "/ASCIIHexDecode",
+              "/RunLengthDecode", "/Fl", "/LZW", "/A85", "/AHx", "/RL"}
+# Form XObjects looked into, nested at most this deep (a form may draw itself).
+_FORM_DEPTH = 4
+
+
+def unreadable_content(source: Any, index: int, repaired: bool = False) -> str | None:
+    """Why page `index` (0-based) of the PDF `source` (a file object or bytes) may look
+    blank without being blank: a stream it draws (its content streams, the forms and
+    images they use) cannot be decoded, or — in a PDF qpdf had to repair (`repaired`) —
+    its content is missing. None: nothing found."""
+    import pikepdf
+
+    missing = "its content is missing (the file was cut off or damaged before it)"
+    try:
+        with pikepdf.open(io.BytesIO(source) if isinstance(source, bytes) else source) as pdf:
+            if not 0 <= index < len(pdf.pages):
+                return None
+            page = pdf.pages[index].obj
+            contents = page.get("/Contents")
+            if contents is None:  # qpdf drops a key whose object is not in the file
+                return missing if repaired else None
+            streams = list(contents) if isinstance(contents, pikepdf.Array) else [contents]
+            for stream in streams:
+                if not isinstance(stream, pikepdf.Stream):
+                    return missing
+                why = _undecodable(stream)
+                if why:
+                    return f"its content stream cannot be decoded ({why})"
+            return _resources_problem(page.get("/Resources"), 0)
+    except Exception:  # noqa: BLE001 - the check is evidence only: no answer, no claim
+        return None
+
+
+def _resources_problem(resources: Any, depth: int) -> str | None:
+    import pikepdf
+
+    if not isinstance(resources, pikepdf.Dictionary) or depth > _FORM_DEPTH:
+        return None
+    xobjects = resources.get("/XObject")
+    if not isinstance(xobjects, pikepdf.Dictionary):
+        return None
+    for name, xobject in xobjects.items():
+        if not isinstance(xobject, pikepdf.Stream):
+            continue
+        why = _undecodable(xobject)
+        if why:
+            kind = "image" if xobject.get("/Subtype") == "/Image" else "form"
+            return f"its {kind} {name} cannot be decoded ({why})"
+        if xobject.get("/Subtype") == "/Form":
+            why = _resources_problem(xobject.get("/Resources"), depth + 1)
+            if why:
+                return why
+    return None
+
+
+def _undecodable(stream: Any) -> str | None:
+    """Why qpdf cannot decode the stream; None when it can, or cannot tell (a filter it
+    does not decode, such as DCT or JBIG2)."""
+    import pikepdf
+
+    filters = stream.get("/Filter")
+    names = [str(f) for f in filters] if isinstance(filters, pikepdf.Array) else \
+        [str(filters)] if filters is not None else []
+    if not all(n in _DECODABLE for n in names):
+        return None
+    try:
+        stream.read_bytes()
+    except pikepdf.PdfError as e:
+        text = str(e)
+        return text.rsplit(": ", 1)[-1][:120] if ": " in text else text[:120]
+    return None
+
+
+def looks_white(mode: str, width: int, height: int, data: Any, stride: int = 0) -> bool:
+    """Whether a rendered page has no mark at all (every pixel white)."""
+    from PIL import Image
+
+    if mode == "1":  # packed, 1 = black
+        return bytes(data).count(0) == len(data)
+    raw = "RGB" if mode == "RGB" else "L"
+    image = Image.frombuffer(raw, (width, height), data, "raw", raw, stride, 1)
+    extrema = image.getextrema()
+    lows = [lo for lo, _hi in extrema] if mode == "RGB" else [extrema[0]]
+    return min(lows) >= 255
