@@ -162,7 +162,7 @@ class Converter:
             self.documents[id(src)] = DocProgress(src, info.pages, time.time())
             results = await DocumentPages(self, workers, src, info, staging, staging.final,
                                           blog, outputs).run()
-            doc = Document(src.path, info.kind, src.name, info.pages)
+            doc = Document(src.path, info.kind, src.name, info.pages, info)
             for writer in outputs:  # before the sidecar, which lists them, and the Markdown
                 await writer.write(doc, out_dir, base, perms, workers, self.metrics, blog)
             meta = self._sidecar(src, info, results, base, staging, t0, outputs)

@@ -683,6 +683,43 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
     return _pack(img, index, dpi, grey)
 
 
+# A page image for a PDF made from the rendered pages (the searchable PDF of a document
+# whose original cannot be rewritten): born-digital pages at this resolution, scans at
+# their own within the range; JPEG at this quality, grey where the page has no colour.
+PAGE_IMAGE_DPI = 200
+PAGE_IMAGE_SCAN_DPI = (150.0, 300.0)
+PAGE_IMAGE_QUALITY = 80
+PAGE_IMAGE_MAX_PIXELS = 40_000_000
+
+
+def page_image(path: str, info: DocInfo, index: int) -> tuple[bytes, int, int, str]:
+    """Worker side: page `index` rendered for a PDF page of its own, as JPEG bytes, with
+    its size in pixels and its mode (L or RGB). One page at a time: nothing is kept."""
+    res = Resolution(PAGE_IMAGE_DPI, *PAGE_IMAGE_SCAN_DPI)
+    page = render_page(path, info, index, res, PAGE_IMAGE_MAX_PIXELS)
+    try:
+        data = pagepixels.pixels(page)
+    finally:
+        if page.shared is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(page.shared)
+    image = page.to_image(data)
+    del data
+    if image.mode == "1":
+        image = image.convert("L")
+    elif image.mode == "RGB" and _colourless(image):
+        image = image.convert("L")
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=PAGE_IMAGE_QUALITY)
+    return buf.getvalue(), image.width, image.height, image.mode
+
+
+def _colourless(image: Image.Image) -> bool:
+    """Whether an RGB page has no colour to speak of (its saturation stays low)."""
+    small = image.reduce(max(1, min(image.size) // 256))
+    return small.convert("HSV").getextrema()[1][1] < 24
+
+
 def stated_dpi(im: Image.Image) -> float:
     """The resolution an image file states (a scanner writes it), 0.0 when it states
     none or one no scan has (a photo's 72 or 1 says nothing of its text)."""
