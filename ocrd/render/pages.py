@@ -705,9 +705,7 @@ def page_image(path: str, info: DocInfo, index: int) -> tuple[bytes, int, int, s
                 os.unlink(page.shared)
     image = page.to_image(data)
     del data
-    if image.mode == "1":
-        image = image.convert("L")
-    elif image.mode == "RGB" and _colourless(image):
+    if image.mode == "1" or (image.mode == "RGB" and _colourless(image)):
         image = image.convert("L")
     buf = io.BytesIO()
     image.save(buf, "JPEG", quality=PAGE_IMAGE_QUALITY)
