@@ -689,7 +689,7 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
 PAGE_IMAGE_DPI = 200
 PAGE_IMAGE_SCAN_DPI = (150.0, 300.0)
 PAGE_IMAGE_QUALITY = 80
-PAGE_IMAGE_MAX_PIXELS = 40_000_000
+PAGE_IMAGE_MAX_PIXELS = 12_000_000
 
 
 def page_image(path: str, info: DocInfo, index: int) -> tuple[bytes, int, int, str]:
