@@ -106,18 +106,10 @@ class TesseractEngine(Engine):
             tsv, text = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
             turned_image = None
-            if self.orientation and tesseract_tsv.doubtful(tsv):
-                # an upside-down page reads as confident-less garbage (a sideways one
-                # tesseract reads as it lies): ask OSD, keep the better reading
-                angle = await orientation.detect(self._tesseract, page,
-                                                 self.cfg.orientation_confidence)
-                if angle:
-                    turned = replace(page, image=orientation.turn(_image(page), angle),
-                                     rendered=None)
-                    again = await self._read(page, _pnm_parts(turned))
-                    if tesseract_tsv.confidence(again[0]) > tesseract_tsv.confidence(tsv):
-                        (tsv, text), rotation = again, angle
-                        turned_image = turned.image
+            if self.orientation:
+                found = await self._upright(page, tsv)
+                if found is not None:
+                    (tsv, text), rotation, turned_image = found
         # layout analysis is CPU work: off the event loop
         reading, text, words = await asyncio.to_thread(_structure, page, tsv, text,
                                                        turned_image)
@@ -128,6 +120,36 @@ class TesseractEngine(Engine):
                           tokens=sum(len(line.tokens) for line in reading.lines),
                           seconds=time.monotonic() - t0, started_at=started,
                           finished_at=time.time(), rotation=rotation, words=words)
+
+    async def _upright(self, page: PageRequest, tsv: str
+                       ) -> tuple[tuple[str, str], int, Image.Image] | None:
+        """The page read upright when it lies otherwise: (its reading, the clockwise turn,
+        the turned image), or None to keep the reading as it lies. An upside-down page
+        reads as confident-less garbage, a sideways one tesseract reads top to bottom:
+        OSD is asked, on the text region alone for a page of few words (where OSD on the
+        whole page has too little to go on), and the better reading kept."""
+        lying = orientation.sideways(tsv)
+        if not (lying or tesseract_tsv.doubtful(tsv)):
+            return None
+        angle = await orientation.detect(self._tesseract, page,
+                                         self.cfg.orientation_confidence)
+        if not angle and len(tesseract_tsv.parse(tsv)[1]) <= orientation.FEW_WORDS:
+            angle = await orientation.upright_region(self._tesseract, page, tsv,
+                                                     self.cfg.lang,
+                                                     self.cfg.orientation_confidence)
+        if not angle:
+            return None
+        turned = replace(page, image=orientation.turn(_image(page), angle), rendered=None)
+        again = await self._read(page, _pnm_parts(turned))
+        better = tesseract_tsv.confidence(again[0]) > tesseract_tsv.confidence(tsv)
+        # read as it lies, a sideways page may read about as well: upright is the page
+        # whose lines run across and that reads well
+        upright = lying and not orientation.sideways(again[0]) and \
+            tesseract_tsv.confidence(again[0]) >= orientation.READ_WELL
+        if not (better or upright):
+            return None
+        assert turned.image is not None
+        return again, angle, turned.image
 
     async def _read(self, page: PageRequest,
                     image: tuple[bytes, bytes | bytearray]) -> tuple[str, str]:
