@@ -65,10 +65,15 @@ def recall(truth: list[str], got: list[str]) -> float | None:
     return hit / len(truth)
 
 
+TRUTH = Path(__file__).resolve().parent / "truth"
+
+
 def ground_truth(path: Path) -> tuple[list[str], str]:
-    given = path.with_suffix(".txt")
-    if given.exists():
-        return words(given.read_text(errors="replace")), "given"
+    """The words of the file: NAME.txt beside it, bench/truth/SOURCE/NAME.txt (typed for
+    the fetched corpora), else pdftotext of a born-digital PDF; none."""
+    for given in (path.with_suffix(".txt"), TRUTH / path.parent.name / f"{path.name}.txt"):
+        if given.exists():
+            return words(given.read_text(errors="replace")), "given"
     if path.suffix.lower() == ".pdf" and shutil.which("pdftotext"):
         r = subprocess.run(["pdftotext", "-q", str(path), "-"], capture_output=True,
                            timeout=120)
@@ -199,6 +204,13 @@ def main() -> None:
     ap.add_argument("--om-cache", type=Path,
                     help="with --batch: keep OCRmyPDF's results here, by file hash")
     ap.add_argument("--results", type=Path, help="with --batch: write the rows as JSON")
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                    help="with --batch: the same ocrd convert with another checkout's ocrd "
+                    "(e.g. main's: git archive main | tar -x -C DIR), compared file by file")
+    ap.add_argument("--lang", help="with --batch: tesseract's languages (-l), e.g. eng+kor")
+    ap.add_argument("--tessdata-download", action="store_true",
+                    help="with --batch: language data as a download of tessdata_best gives "
+                    "it (the system's *.traineddata, no configs/ folder) via TESSDATA_PREFIX")
     ap.add_argument("--ocrmypdf", default=shutil.which("ocrmypdf"),
                     help="the ocrmypdf program (default: on PATH; none: ocrd only)")
     ap.add_argument("--jobs", type=int, help="-j for both (default: their own)")

@@ -38,7 +38,10 @@ FEED_BYTES = 1 << 20  # written to tesseract's stdin at a time
 # config files (`tsv txt`): a tessdata folder without tesseract's configs/ (a download of
 # tessdata_best or tessdata_fast) has no such files, and tesseract then writes plain
 # text only and exits 0 — every page would pass as blank.
-OUTPUTS = ("-c", "tessedit_create_tsv=1", "-c", "tessedit_create_txt=1")
+OUTPUTS = ("-c", "tessedit_create_tsv=1", "-c", "tessedit_create_txt=1",
+           # the text says where the page has spaces (tesseract_tsv._space), whatever the
+           # first language: kor sets this itself, but eng+kor would space every syllable
+           "-c", "preserve_interword_spaces=1")
 # Seconds the self-test's one tiny page may take (a cold start loads the language data).
 SELF_TEST_SECONDS = 120.0
 

@@ -113,11 +113,13 @@ def test_chinese_with_latin_words_keeps_the_spaces_it_has(tmp_path: Path) -> Non
 
 
 @pytest.mark.e2e
-def test_korean_words_are_whole_with_the_spaces_between_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lang", ["kor", "eng+kor"])
+def test_korean_words_are_whole_with_the_spaces_between_them(tmp_path: Path, lang: str) -> None:
     """tesseract's TSV lists many Korean words syllable by syllable; the Markdown had
-    "국 회 입 법 조 사 처 장 은", and search and the PDF's text layer those pieces."""
+    "국 회 입 법 조 사 처 장 은", and search and the PDF's text layer those pieces. (With
+    English first, tesseract's own text spaces every syllable too.)"""
     md, poppler, pdfium_text = convert(tmp_path, korean_image(KOREAN, tmp_path / "ko.png"),
-                                       "kor")
+                                       lang)
     for text in (md, poppler, pdfium_text):
         flat = " ".join(text.replace("\\\n", "\n").split())
         for line in KOREAN:
