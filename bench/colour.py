@@ -162,11 +162,17 @@ def report(rows: list[Row]) -> None:
     policies = {
         "always grey": lambda r: (r.grey, r.grey.cpu),
         "always colour": lambda r: (r.colour, r.colour.cpu),
+        "colour for photos": lambda r: (r.colour, r.colour.cpu)
+        if r.kind == "photo" else (r.grey, r.grey.cpu),
         "colour for photos and scans": lambda r: (r.colour, r.colour.cpu)
         if r.kind != "born-digital" else (r.grey, r.grey.cpu),
         "grey, and colour where grey reads weakly (the better kept)": lambda r: (
             max((r.grey, r.colour), key=lambda x: (x.well, x.conf)),
             r.grey.cpu + r.colour.cpu) if weak(r.grey) else (r.grey, r.grey.cpu),
+        "grey, and colour for photos whose grey reading is weak (the better kept)": lambda r: (
+            max((r.grey, r.colour), key=lambda x: (x.well, x.conf)),
+            r.grey.cpu + r.colour.cpu) if r.kind == "photo" and weak(r.grey)
+        else (r.grey, r.grey.cpu),
     }
     withtruth = [r for r in rows if r.truth]
     print("\n| policy | recall (pages with truth) | words read well (all) | tesseract CPU s |")
@@ -188,8 +194,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     files = []
     for p in args.paths:
-        files += sorted(f for f in p.rglob("*") if f.suffix.lower() in SUFFIXES) \
-            if p.is_dir() else [p]
+        files += sorted(f.resolve() for f in p.rglob("*") if f.suffix.lower() in SUFFIXES) \
+            if p.is_dir() else [p.resolve()]  # ocrd reads no links: what they point to
     rows: list[Row] = []
     for f in files:
         got = measure(f, args.max_pages)

@@ -53,7 +53,9 @@ class TesseractEngine(Engine):
     # its own resolution down to 200 dpi (upscaling it costs time and finds nothing more)
     render_dpi = 300
     scan_dpi = (200, 600)
-    page_mode = "L"  # it binarises pages itself: colour only costs memory and time
+    # it binarises pages itself: colour mostly costs memory and time (a colour photo comes
+    # in colour all the same: _read_colour)
+    page_mode = "L"
     # tesseract's own peak RSS per pixel in each mode (measured with tesseract 5.3), plus
     # the packed page in the daemon and the render worker
     pixel_bytes = {"1": 7.5, "L": 11.0, "RGB": 17.0}  # noqa: RUF012 - read only
@@ -106,7 +108,10 @@ class TesseractEngine(Engine):
     async def ocr(self, page: PageRequest) -> PageOutput:
         async with self._slots:
             started, t0 = time.time(), time.monotonic()
-            tsv, text = await self._read(page, _pnm_parts(page))
+            if _in_colour(page):
+                tsv, text = await self._read_colour(page)
+            else:
+                tsv, text = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
             turned_image = None
             if self.orientation:
@@ -123,6 +128,21 @@ class TesseractEngine(Engine):
                           tokens=sum(len(line.tokens) for line in reading.lines),
                           seconds=time.monotonic() - t0, started_at=started,
                           finished_at=time.time(), rotation=rotation, words=words)
+
+    async def _read_colour(self, page: PageRequest) -> tuple[str, str]:
+        """A colour photo (ocrd/render/pages.py keeps one in colour) read grey, as every
+        page is, and where that reading is weak in colour too: the better reading kept
+        (most words read well, then the higher confidence). tesseract thresholds each
+        colour on its own, so text of about the background's brightness, which grey
+        loses, still stands out."""
+        grey = _image(page).convert("L")
+        first = await self._read(page, _pnm_parts(replace(page, image=grey, rendered=None)))
+        del grey
+        if not tesseract_tsv.weak(first[0]):
+            return first
+        again = await self._read(page, _pnm_parts(page))
+        key = (tesseract_tsv.read_well, tesseract_tsv.confidence)
+        return max((first, again), key=lambda r: tuple(f(r[0]) for f in key))
 
     async def _upright(self, page: PageRequest, tsv: str
                        ) -> tuple[tuple[str, str], int, Image.Image] | None:
@@ -301,6 +321,13 @@ def _ink(page: PageRequest, turned: Image.Image | None) -> Ink:
         (left, y0, right, y1), count = dark
         return (left, y0 + top, right, y1 + top), count
     return ink
+
+
+def _in_colour(page: PageRequest) -> bool:
+    """A page that reached this engine (which reads grey) in colour: a colour photo."""
+    mode = page.rendered.mode if page.rendered is not None else \
+        page.image.mode if page.image is not None else "L"
+    return mode == "RGB"
 
 
 def _size(page: PageRequest) -> tuple[int, int]:

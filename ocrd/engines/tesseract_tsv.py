@@ -185,6 +185,30 @@ def confidence(tsv: str) -> float:
     return total / count if count else 0.0
 
 
+# A word read with at least this confidence is read well.
+READ_WELL = 80.0
+# A reading with fewer words read well, or a lower mean confidence, is weak (a page's
+# colour may tell more than its grey: ocrd.engines.tesseract reads it again in colour).
+WEAK_WELL_WORDS = 20
+WEAK_CONFIDENCE = 70.0
+
+
+def read_well(tsv: str) -> int:
+    """How many words the page has that were read with READ_WELL confidence or more."""
+    count = 0
+    for cols in _rows(tsv):
+        try:
+            count += bool(cols[11].strip()) and float(cols[10]) >= READ_WELL
+        except ValueError:
+            continue
+    return count
+
+
+def weak(tsv: str) -> bool:
+    """Few words read well, or little confidence in them."""
+    return read_well(tsv) < WEAK_WELL_WORDS or confidence(tsv) < WEAK_CONFIDENCE
+
+
 def doubtful(tsv: str) -> bool:
     """Words were found, but with little confidence (a page upside down, say)."""
     conf = confidence(tsv)

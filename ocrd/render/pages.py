@@ -680,7 +680,11 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
             raise
         raise errors.Truncated(f"page {index + 1} of the image cannot be decoded "
                                f"({_said(e)})") from None
-    return _pack(img, index, dpi, grey)
+    # A colour photo (no scanner's resolution) stays in colour for an engine that reads
+    # grey: it reads it grey, and in colour too where grey reads weakly (text in a colour
+    # of about the background's brightness vanishes in grey: signs, stamps).
+    photo = grey and dpi == 0 and img.mode == "RGB" and not _colourless(img)
+    return _pack(img, index, dpi, grey and not photo)
 
 
 # A page image for a PDF made from the rendered pages (the searchable PDF of a document
