@@ -110,7 +110,11 @@ def measure(path: Path, max_pages: int) -> list[Row]:
             continue
         kind = _kind(path, info, i, colour.dpi)
         rgb_pnm = colour.pnm_header() + pixels(colour)
-        grey_pnm = grey.pnm_header() + pixels(grey)
+        if grey.mode == "RGB":  # a colour photo stays in colour: the engine makes it grey
+            g = image.convert("L")
+            grey_pnm = b"P5\n%d %d\n255\n" % g.size + g.tobytes()
+        else:
+            grey_pnm = grey.pnm_header() + pixels(grey)
         rows.append(Row(path.name, i + 1, kind, colour.width * colour.height,
                         truth_for(path, i + 1, kind), tesseract(grey_pnm, grey.dpi),
                         tesseract(rgb_pnm, colour.dpi)))
