@@ -65,7 +65,7 @@ NO_TRAILER = ("the PDF ends without its trailer (%%EOF); it was read as far as i
 # A PDF that neither PDFium nor poppler opens is given to qpdf, which rebuilds a missing
 # or broken cross-reference table (a file cut off before its end, offsets that are
 # wrong): up to this size, the repaired copy is kept in memory by the worker that reads it.
-REPAIR_MAX_BYTES = 256 * 2**20
+REPAIR_MAX_BYTES = 128 * 2**20
 
 
 def repaired_warning(why: str, trailer: bool, pages: int) -> str:
@@ -450,13 +450,14 @@ def begin_document(document: int) -> None:
     """Worker side: the next calls are for `document`. A worker that served another
     file starts clean: its open documents closed, PDFium's state (errors, caches, fonts)
     made anew."""
-    global _document, _pdfium_used
+    global _document, _pdfium_used, _repaired_bytes
     if document == _document:
         return
     _document = document
     for old in _open_pdf.values():
         old.close()
     _open_pdf.clear()
+    _repaired_bytes = None
     if _pdfium_used:
         from pypdfium2 import _library_scope as pdfium_library
 
@@ -510,15 +511,32 @@ def _pdfium_doc(path: str, repaired: bool = False) -> Any:
         for old in _open_pdf.values():
             old.close()
         _open_pdf.clear()
-        doc = open_pdfium_bytes(_repaired(path)) if repaired else open_pdfium(path)
+        doc = open_pdfium_bytes(_repaired_copy(path)) if repaired else open_pdfium(path)
         _open_pdf[key] = doc
     return doc
 
 
+# The repaired copy of the PDF this worker reads (one at a time), by the file's identity.
+_repaired_bytes: tuple[tuple, bytes] | None = None
+
+
+def _repaired_copy(path: str) -> bytes:
+    """The PDF's repaired copy, made once per worker and document."""
+    global _repaired_bytes
+    key = _doc_key(path)
+    if _repaired_bytes is None or _repaired_bytes[0] != key:
+        _repaired_bytes = None
+        _repaired_bytes = (key, _repaired(path))
+    return _repaired_bytes[1]
+
+
 def forget(path: str) -> None:
     """Close the cached documents of a path (worker side)."""
+    global _repaired_bytes
     for key in [k for k in _open_pdf if k[0] == path]:
         _open_pdf.pop(key).close()
+    if _repaired_bytes is not None and _repaired_bytes[0][0] == path:
+        _repaired_bytes = None
 
 
 def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
@@ -618,7 +636,7 @@ def _not_blank_if_damaged(path: str, index: int, repaired: bool) -> None:
     """A page that rendered white: Damaged when its content is missing or cannot be
     decoded (PDFium draws nothing for it and says nothing), else it is blank."""
     if repaired:
-        why = pdffaults.unreadable_content(_repaired(path), index, repaired=True)
+        why = pdffaults.unreadable_content(_repaired_copy(path), index, repaired=True)
     else:
         with _reader(path) as f:
             why = pdffaults.unreadable_content(f, index)
