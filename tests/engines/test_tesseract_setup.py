@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import text_image
+from helpers import Daemon, text_image, wait_for
 
 from ocrd import errors
 from ocrd.config.settings import EngineConfig
@@ -121,3 +121,16 @@ def test_check_config_runs_the_same_self_test(tmp_path: Path) -> None:
               prefix=broken_tessdata(tmp_path / "broken"))
     assert bad.returncode == errors.ExitCode.USAGE, bad.stderr
     assert "engine.tesseract: tesseract" in bad.stderr and "fails on a test page" in bad.stderr
+
+
+@pytest.mark.e2e
+def test_the_daemon_refuses_to_start_with_a_broken_setup(tmp_path: Path) -> None:
+    """It would have started, and failed every page as engine_failed."""
+    d = Daemon(tmp_path / "d", env={"TESSDATA_PREFIX": str(broken_tessdata(tmp_path / "td"))})
+    with d:
+        d.start(wait_ready=False)
+        wait_for(d.died, 120, "the daemon to stop")
+        assert d.proc is not None and d.proc.returncode == 1
+        (dead,) = d.events("engine_dead")
+        assert "fails on a test page" in dead["error"] and "TESSDATA_PREFIX" in dead["error"]
+        assert not d.events("engine_started")
