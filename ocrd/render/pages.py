@@ -267,6 +267,10 @@ def _repaired(path: str) -> bytes:
             with pikepdf.open(f) as pdf:
                 if len(pdf.pages) == 0:
                     raise errors.Damaged("qpdf finds no pages in the PDF")
+                if pdf.is_encrypted or _encryption_dictionary(f):
+                    # cut off before the trailer that names its encryption: what qpdf
+                    # would write is the ciphertext
+                    raise errors.Damaged("the PDF is encrypted and cannot be repaired")
                 out = io.BytesIO()
                 pdf.save(out)
         except errors.OcrdError:
@@ -276,6 +280,21 @@ def _repaired(path: str) -> bytes:
                 raise
             raise errors.Damaged(f"qpdf cannot repair the PDF ({_said(e)})") from None
     return out.getvalue()
+
+
+_STANDARD_SECURITY = re.compile(rb"/Filter\s*/Standard\b")
+
+
+def _encryption_dictionary(f: Any) -> bool:
+    """Whether the file holds a standard security handler's dictionary (an encrypted
+    PDF's, wherever its trailer went)."""
+    f.seek(0)
+    tail = b""
+    while chunk := f.read(1 << 20):
+        if _STANDARD_SECURITY.search(tail + chunk):
+            return True
+        tail = chunk[-64:]
+    return False
 
 
 def _pdfium_count(path: str, dpi: int, data: bytes | None = None) -> tuple[int, int]:
@@ -602,7 +621,7 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int,
             width, height, data, mode = modes.render_grey(page, dpi, one_bit)
             pdffaults.check_page_size(width, height, index, "PDFium", (w, h))
             page.close()
-            if pdffaults.looks_white(mode, width, height, data):
+            if pdffaults.looks_white(mode, width, height, data, repaired=repaired):
                 _not_blank_if_damaged(path, index, repaired)
             return RenderedPage(index, width, height, data, dpi, mode=mode)
         maker = {"bitmap_maker": _scratch_bitmap} if pagepixels._shared_tag is not None else {}
@@ -617,7 +636,8 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int,
         # cost as much as rendering a text page.
         width, height, stride = bitmap.width, bitmap.height, bitmap.stride
         view = memoryview(bitmap.buffer).cast("B")
-        if pdffaults.looks_white("RGB", width, height, view[:stride * height], stride):
+        if pdffaults.looks_white("RGB", width, height, view[:stride * height], stride,
+                                 repaired=repaired):
             _not_blank_if_damaged(path, index, repaired)
         shared = None
         if stride == width * 3 and pagepixels._shared_tag is not None:
@@ -642,7 +662,7 @@ def _not_blank_if_damaged(path: str, index: int, repaired: bool) -> None:
             why = pdffaults.unreadable_content(f, index)
     if not why:
         return
-    message = f"page {index + 1} renders blank, but {why}"
+    message = f"page {index + 1} comes out blank, but {why}"
     if repaired and b"%%EOF" not in _sniff(path)[1]:  # the file was cut off
         raise pdffaults.CutOffContent(message)
     raise pdffaults.UnreadableContent(message)

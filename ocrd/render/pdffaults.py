@@ -105,9 +105,43 @@ def unreadable_content(source: Any, index: int, repaired: bool = False) -> str |
                 why = _undecodable(stream)
                 if why:
                     return f"its content stream cannot be decoded ({why})"
-            return _resources_problem(page.get("/Resources"), 0)
+            resources = _inherited(page, "/Resources")
+            return _resources_problem(resources, 0) or \
+                _missing_resource(pdf.pages[index], resources)
     except Exception:  # noqa: BLE001 - the check is evidence only: no answer, no claim
         return None
+
+
+def _inherited(page: Any, key: str) -> Any:
+    node, hops = page, 0
+    while node is not None and hops < 64:
+        if key in node:
+            return node[key]
+        node, hops = node.get("/Parent"), hops + 1
+    return None
+
+
+def _missing_resource(page: Any, resources: Any) -> str | None:
+    """A font or an image/form the page's content uses that its resources lack (what
+    is not in a file cut off, or damaged, is dropped when qpdf reads it): PDFium then
+    draws nothing of it. Content that cannot be parsed is that page's damage too."""
+    import pikepdf
+
+    try:
+        instructions = pikepdf.parse_content_stream(page)
+    except Exception as e:  # noqa: BLE001 - qpdf's and the decoder's failures alike
+        return f"its content cannot be read ({str(e).strip()[:80] or type(e).__name__})"
+    res = resources if isinstance(resources, pikepdf.Dictionary) else pikepdf.Dictionary()
+    fonts, xobjects = res.get("/Font"), res.get("/XObject")
+    for operands, op in instructions:
+        name = str(op)
+        if name == "Tf" and operands and not (
+                isinstance(fonts, pikepdf.Dictionary) and operands[0] in fonts):
+            return "its content uses a font that is not in the file"
+        if name == "Do" and operands and not (
+                isinstance(xobjects, pikepdf.Dictionary) and operands[0] in xobjects):
+            return "its content draws an image or form that is not in the file"
+    return None
 
 
 def _resources_problem(resources: Any, depth: int) -> str | None:
@@ -150,14 +184,29 @@ def _undecodable(stream: Any) -> str | None:
     return None
 
 
-def looks_white(mode: str, width: int, height: int, data: Any, stride: int = 0) -> bool:
-    """Whether a rendered page has no mark at all (every pixel white)."""
+# A page of a repaired PDF with less ink than this share of its pixels is looked into
+# too: what is missing from a file cut off may leave a rule or a logo drawn.
+NEARLY_WHITE = 0.01
+
+
+def looks_white(mode: str, width: int, height: int, data: Any, stride: int = 0,
+                repaired: bool = False) -> bool:
+    """Whether a rendered page has no mark at all (every pixel white); of a `repaired`
+    PDF, whether it has next to none (NEARLY_WHITE)."""
     from PIL import Image
 
     if mode == "1":  # packed, 1 = black
-        return bytes(data).count(0) == len(data)
-    raw = "RGB" if mode == "RGB" else "L"
-    image = Image.frombuffer(raw, (width, height), data, "raw", raw, stride, 1)
-    extrema = image.getextrema()
-    lows = [lo for lo, _hi in extrema] if mode == "RGB" else [extrema[0]]
-    return min(lows) >= 255
+        whole = bytes(data)
+        if not repaired:
+            return whole.count(0) == len(whole)
+        image = Image.frombytes("1", (width, height), whole, "raw", "1;I")
+    else:
+        raw = "RGB" if mode == "RGB" else "L"
+        image = Image.frombuffer(raw, (width, height), data, "raw", raw, stride, 1)
+    if not repaired:
+        extrema = image.getextrema()
+        lows = [lo for lo, _hi in extrema] if mode == "RGB" else [extrema[0]]
+        return min(lows) >= 255
+    grey = image if image.mode == "L" else image.convert("L")
+    histogram = grey.histogram()
+    return sum(histogram[:128]) < NEARLY_WHITE * max(1, width * height)
