@@ -231,7 +231,9 @@ def main() -> None:
                     help="OMP_THREAD_LIMIT=1 for OCRmyPDF's tesseract too, as ocrd sets it "
                     "(by default tesseract's OpenMP threads oversubscribe a small machine)")
     args = ap.parse_args()
-    TRUTHS.extend(args.truth)
+    from bench import corpus  # this module as corpus_batch imports it (not __main__)
+
+    corpus.TRUTHS.extend(args.truth)
     if args.cut_from:
         if args.folder is None:
             ap.error("--cut-from needs FOLDER")
