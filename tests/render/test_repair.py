@@ -157,3 +157,33 @@ def test_a_blank_page_is_still_blank(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     side = json.loads((tmp_path / "out" / "blank.json").read_text())
     assert [p["status"] for p in side["pages"]] == ["blank"]
+
+
+
+def test_what_a_page_uses_and_the_file_lacks_is_evidence_of_damage() -> None:
+    """qpdf drops a reference to an object that is not in the file: a font, an image
+    the page's content uses. In a PDF cut off, PDFium then draws a page with a rule and
+    none of its text: the page is looked into when it comes out nearly white."""
+    from bench.memory import pdf_bytes
+    from ocrd.render import pdffaults
+
+    def page(resources: bytes, content: bytes) -> bytes:
+        return pdf_bytes([b"<< /Type /Catalog /Pages 2 0 R >>",
+                          b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                          b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] "
+                          b"/Resources " + resources + b" /Contents 4 0 R >>",
+                          b"<< /Length %d >>\nstream\n" % len(content) + content +
+                          b"\nendstream"])
+
+    text = b"BT /F1 24 Tf 72 700 Td (Quarterly report) Tj ET"
+    assert pdffaults.unreadable_content(page(b"<< /Font << /F1 9 0 R >> >>", text), 0) == \
+        "its content uses a font that is not in the file"
+    assert pdffaults.unreadable_content(page(b"<< /XObject << /Im0 9 0 R >> >>",
+                                             b"q 100 0 0 100 0 0 cm /Im0 Do Q"), 0) == \
+        "its content draws an image or form that is not in the file"
+    assert pdffaults.unreadable_content(page(b"<< >>", b"0 0 m 10 10 l S"), 0) is None
+    # nearly white: looked into only for a repaired PDF (a rule, a logo left drawn)
+    rule = bytearray(b"\xff" * 100 * 100)
+    rule[5000:5050] = b"\x00" * 50
+    assert not pdffaults.looks_white("L", 100, 100, bytes(rule))
+    assert pdffaults.looks_white("L", 100, 100, bytes(rule), repaired=True)
