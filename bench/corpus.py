@@ -65,10 +65,21 @@ def recall(truth: list[str], got: list[str]) -> float | None:
     return hit / len(truth)
 
 
+TRUTH = Path(__file__).resolve().parent / "truth"
+
+
+# More folders of truths (SOURCE/NAME.txt), as --truth names them.
+TRUTHS: list[Path] = []
+
+
 def ground_truth(path: Path) -> tuple[list[str], str]:
-    given = path.with_suffix(".txt")
-    if given.exists():
-        return words(given.read_text(errors="replace")), "given"
+    """The words of the file: NAME.txt beside it, bench/truth/SOURCE/NAME.txt (typed for
+    the fetched corpora) or in a --truth folder, else pdftotext of a born-digital PDF;
+    none."""
+    for given in (path.with_suffix(".txt"),
+                  *(t / path.parent.name / f"{path.name}.txt" for t in (TRUTH, *TRUTHS))):
+        if given.exists():
+            return words(given.read_text(errors="replace")), "given"
     if path.suffix.lower() == ".pdf" and shutil.which("pdftotext"):
         r = subprocess.run(["pdftotext", "-q", str(path), "-"], capture_output=True,
                            timeout=120)
@@ -199,6 +210,19 @@ def main() -> None:
     ap.add_argument("--om-cache", type=Path,
                     help="with --batch: keep OCRmyPDF's results here, by file hash")
     ap.add_argument("--results", type=Path, help="with --batch: write the rows as JSON")
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                    help="with --batch: the same ocrd convert with another checkout's ocrd "
+                    "(e.g. main's: git archive main | tar -x -C DIR), compared file by file")
+    ap.add_argument("--lang", help="with --batch: tesseract's languages (-l), e.g. eng+kor")
+    ap.add_argument("--cut-from", type=Path, metavar="DIR",
+                    help="write into FOLDER a copy of every PDF under DIR cut off at "
+                    "--share of its bytes (a download or a copy that stopped), then exit")
+    ap.add_argument("--share", type=float, default=0.95, help="with --cut-from")
+    ap.add_argument("--truth", type=Path, action="append", default=[],
+                    help="a folder of truths SOURCE/NAME.txt (as bench/truth/)")
+    ap.add_argument("--tessdata-download", action="store_true",
+                    help="with --batch: language data as a download of tessdata_best gives "
+                    "it (the system's *.traineddata, no configs/ folder) via TESSDATA_PREFIX")
     ap.add_argument("--ocrmypdf", default=shutil.which("ocrmypdf"),
                     help="the ocrmypdf program (default: on PATH; none: ocrd only)")
     ap.add_argument("--jobs", type=int, help="-j for both (default: their own)")
@@ -207,6 +231,30 @@ def main() -> None:
                     help="OMP_THREAD_LIMIT=1 for OCRmyPDF's tesseract too, as ocrd sets it "
                     "(by default tesseract's OpenMP threads oversubscribe a small machine)")
     args = ap.parse_args()
+    from bench import corpus  # this module as corpus_batch imports it (not __main__)
+
+    corpus.TRUTHS.extend(args.truth)
+    if args.cut_from:
+        if args.folder is None:
+            ap.error("--cut-from needs FOLDER")
+        args.folder.mkdir(parents=True, exist_ok=True)
+        n = 0
+        for pdf in sorted(args.cut_from.rglob("*.pdf")):
+            data = pdf.read_bytes()
+            cut = data[:int(len(data) * args.share)]
+            if b"%%EOF" not in cut[-2048:]:  # cut before its (last) end marker
+                dest = args.folder / f"{pdf.parent.name}__{pdf.name}"
+                dest.write_bytes(cut)
+                truth, how = ground_truth(pdf)  # the whole file's words: its truth
+                if how == "pdftotext":
+                    folder = args.folder.parent / f"{args.folder.name}.truth" / \
+                        args.folder.name
+                    folder.mkdir(parents=True, exist_ok=True)
+                    (folder / f"{dest.name}.txt").write_text(" ".join(truth))
+                n += 1
+        print(f"{n} PDFs cut off at {args.share:.0%} in {args.folder}; the whole files' "
+              f"words (their truth) in {args.folder.name}.truth/ beside it (--truth)")
+        return
     if args.select or args.fetch or args.batch:
         from bench import corpus_batch
 

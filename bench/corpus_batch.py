@@ -159,6 +159,10 @@ class Row:
     source: str
     truth: str = "none"
     convert: str = ""  # "ok" or the failure reason
+    facts: str = ""  # from the sidecar: pages blank, degraded, turned; repaired; PDF rebuilt
+    base: str = ""  # --baseline: its outcome, facts and recall
+    base_facts: str = ""
+    recall_base: float | None = None
     daemon: str = ""
     om: str = ""
     om_note: str = ""
@@ -169,13 +173,20 @@ class Row:
     messages: dict[str, str] = field(default_factory=dict)
 
 
-def run_convert(folder: Path, out: Path, jobs: int | None) -> tuple[dict, dict]:
-    """One `ocrd convert` over the folder: (facts, {relpath: (outcome, md or message)})."""
-    checkout = Path(__file__).resolve().parent.parent
+def run_convert(folder: Path, out: Path, jobs: int | None, checkout: Path | None = None,
+                lang: str | None = None, tessdata: Path | None = None) -> tuple[dict, dict]:
+    """One `ocrd convert` over the folder (with `checkout`'s ocrd: this one by default;
+    `lang` for -l; `tessdata` as TESSDATA_PREFIX): (facts, {relpath: (outcome, md or
+    message)})."""
+    checkout = checkout or Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(checkout), "OCRD_CONFIG": ""}
+    if tessdata is not None:
+        env["TESSDATA_PREFIX"] = str(tessdata)
     cmd = [sys.executable, "-m", "ocrd", "convert", str(folder), "-o", str(out)]
     if jobs:
         cmd += ["-j", str(jobs)]
+    if lang:
+        cmd += ["-l", lang]
     rc, wall, cpu, err = timed(cmd, env, out.parent, 24 * 3600)
     got: dict[str, list[tuple[str, str]]] = {}
     for line in err.splitlines():
@@ -190,6 +201,26 @@ def run_convert(folder: Path, out: Path, jobs: int | None) -> tuple[dict, dict]:
              "summary": lines[-1] if lines else "",
              "files_with_other_than_one_line": sorted(k for k, v in got.items() if len(v) != 1)}
     return facts, {k: v[0] for k, v in got.items()}
+
+
+def sidecar_facts(md: str) -> str:
+    """What the sidecar beside the Markdown says about the file, in a few words."""
+    try:
+        meta = json.loads(Path(md).with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return ""
+    pages = meta.get("pages", [])
+    blank = sum(p.get("status") == "blank" for p in pages)
+    degraded = sum(p.get("status") == "degraded" for p in pages)
+    turned = sum(bool(p.get("rotation")) for p in pages)
+    parts = [f"{len(pages)}p"] + [f"{n} {what}" for n, what in
+                                  ((blank, "blank"), (degraded, "degraded"), (turned, "turned"))
+                                  if n]
+    if meta.get("repaired"):
+        parts.append("repaired")
+    if (meta.get("outputs") or {}).get("pdf_rebuilt"):
+        parts.append("pdf from pages")
+    return ", ".join(parts)
 
 
 def run_daemon(folder: Path, root: Path, files: list[str], deadline_s: float) -> tuple[dict, dict]:
@@ -298,9 +329,19 @@ def batch(args: Any) -> None:
     rows = {rel: Row(rel, rel.split("/", 1)[0]) for rel in files}
     with tempfile.TemporaryDirectory(prefix="ocrd-corpus-") as tmp:
         work = Path(tmp)
+        tessdata = _download_like_tessdata(work / "tessdata") if args.tessdata_download \
+            else None
         print(f"{len(files)} files; ocrd convert ...", flush=True)
-        conv_facts, conv = run_convert(folder, work / "convert", args.jobs)
+        conv_facts, conv = run_convert(folder, work / "convert", args.jobs, lang=args.lang,
+                                       tessdata=tessdata)
         print(f"  {conv_facts}", flush=True)
+        base_facts: dict = {}
+        base: dict = {}
+        if args.baseline:
+            print(f"the baseline ({args.baseline}): ocrd convert ...", flush=True)
+            base_facts, base = run_convert(folder, work / "baseline", args.jobs,
+                                           args.baseline.resolve(), args.lang, tessdata)
+            print(f"  {base_facts}", flush=True)
         daemon_facts: dict = {}
         if args.daemon:
             print("the daemon ...", flush=True)
@@ -318,8 +359,20 @@ def batch(args: Any) -> None:
             if outcome == "ok":
                 text = re.sub(r"<!-- page [^>]*-->", " ",
                               Path(detail).read_text(errors="replace"))
+                row.facts = sidecar_facts(detail)
             else:
                 row.messages["convert"] = detail[:160]
+            if args.baseline:
+                b_outcome, b_detail = base.get(rel, ("none", ""))
+                row.base = b_outcome
+                if b_outcome == "ok":
+                    row.base_facts = sidecar_facts(b_detail)
+                    b_text = re.sub(r"<!-- page [^>]*-->", " ",
+                                    Path(b_detail).read_text(errors="replace"))
+                    row.recall_base = recall(truth, words(b_text))
+                else:
+                    row.messages["baseline"] = b_detail[:160]
+                    row.recall_base = 0.0 if truth else None
             om: dict = {}
             if args.ocrmypdf:
                 (work / "om").mkdir(exist_ok=True)
@@ -336,10 +389,57 @@ def batch(args: Any) -> None:
                   f"{' / daemon ' + row.daemon if args.daemon else ''}; ocrmypdf {row.om} "
                   f"{row.om_note}", flush=True)
     report(list(rows.values()), conv_facts, daemon_facts, args.daemon)
+    if args.baseline:
+        compare(list(rows.values()), conv_facts, base_facts)
     if args.results:
         args.results.write_text(json.dumps({"convert": conv_facts, "daemon": daemon_facts,
+                                            "baseline": base_facts if args.baseline else None,
                                             "rows": [asdict(r) for r in rows.values()]},
                                            indent=1))
+
+
+def _download_like_tessdata(folder: Path) -> Path:
+    """A tessdata folder as a download of tessdata_best or _fast gives it: the system's
+    *.traineddata, and no configs/ folder."""
+    out = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True).stdout
+    system = Path(re.search(r'"([^"]+)"', out).group(1))  # type: ignore[union-attr]
+    folder.mkdir(parents=True, exist_ok=True)
+    for data in system.glob("*.traineddata"):
+        (folder / data.name).symlink_to(data)
+    return folder
+
+
+def compare(rows: list[Row], conv: dict, base: dict) -> None:
+    """This checkout against the baseline, file by file: outcomes, word recall, pages
+    blank / degraded / turned, repairs."""
+    print("\n## this checkout against the baseline\n")
+    print("| outcome | baseline | this checkout |\n|---|---:|---:|")
+    kinds = sorted({r.base for r in rows} | {r.convert for r in rows},
+                   key=lambda k: (k != "ok", k))
+    for kind in kinds:
+        print(f"| {kind} | {sum(r.base == kind for r in rows)} | "
+              f"{sum(r.convert == kind for r in rows)} |")
+
+    def count(field: str, word: str) -> int:
+        return sum(int(m.group(1)) for r in rows
+                   for m in re.finditer(rf"(\d+) {word}", getattr(r, field)))
+
+    for word in ("blank", "degraded", "turned"):
+        print(f"| pages {word} | {count('base_facts', word)} | {count('facts', word)} |")
+    print(f"| files repaired | {sum('repaired' in r.base_facts for r in rows)} | "
+          f"{sum('repaired' in r.facts for r in rows)} |")
+    truth = [r for r in rows if r.truth != "none"]
+    mb = _mean([r.recall_base or 0.0 for r in truth])
+    mo = _mean([r.recall_ocrd or 0.0 for r in truth])
+    print(f"| word recall, {len(truth)} files with a truth (failed: 0) | {_f(mb)} | {_f(mo)} |")
+    print(f"| wall / CPU s, one ocrd convert | {base.get('wall')} / {base.get('cpu')} | "
+          f"{conv.get('wall')} / {conv.get('cpu')} |")
+    print("\nfiles whose outcome, facts or recall differ (baseline → this checkout):")
+    for r in rows:
+        if (r.base, r.base_facts) != (r.convert, r.facts) or \
+                abs((r.recall_base or 0) - (r.recall_ocrd or 0)) > 0.01:
+            print(f"  {r.path}: {r.base} [{r.base_facts}] {_f(r.recall_base)} → {r.convert} "
+                  f"[{r.facts}] {_f(r.recall_ocrd)}")
 
 
 def _mean(xs: list[float]) -> float | None:

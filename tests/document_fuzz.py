@@ -7,9 +7,12 @@ it makes, checked for its promises:
 - no file fails as internal_error (an exception ocrd did not map to a reason: a bug);
 - no process the command started is left once it has exited.
 
-The seeds are real files (tests/real_files/: a born-digital PDF, a 1-bit TIFF scan, a
-palette PNG, a JPEG photo). The CI test (tests/test_document_fuzz.py) runs a fixed,
-seeded set; for a longer run:
+The seeds are files of tests/real_files/: a born-digital PDF, a 1-bit TIFF scan, a
+palette PNG, a JPEG photo (real files), and, made here, the kinds that once went wrong
+(Korean lines, one line on a page lying sideways, a PDF whose stream does not decode, a
+PDF cut off, a colour photo of a sign). With `--tessdata-download` tesseract reads its
+language data from a folder as a download gives it (no configs/). The CI test
+(tests/test_document_fuzz.py) runs fixed, seeded sets; for a longer run:
 
     .venv/bin/python tests/document_fuzz.py --count 400 --seed 7 --out /tmp/fuzz
 """
@@ -28,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REAL = Path(__file__).resolve().parent / "real_files"
-SEEDS = ["opt_demo.pdf", "phototest.tif", "phototest-rotated-180.png", "hopper.jpg"]
+SEEDS = ["opt_demo.pdf", "phototest.tif", "phototest-rotated-180.png", "hopper.jpg",
+         "korean-lines.png", "note-lying-90.png", "bad-flate.pdf", "cut-off.pdf",
+         "sign-photo.jpg"]
 EXIT_CODES = {0, 1, 3, 4, 5, 6, 7}  # README's table, less usage (2) and interrupted
 # small pages and limits: a mutant that claims a huge page or page count meets a limit
 # instead of the CI's time
@@ -100,11 +105,26 @@ class Report:
     problems: list[str] = field(default_factory=list)
 
 
-def run(root: Path, count: int, seed: int, jobs: int = 2, timeout: float = 600) -> Report:
+def download_like_tessdata(folder: Path) -> Path:
+    """tesseract's language data as a download of tessdata_best or tessdata_fast gives
+    it: the system's *.traineddata (linked), and no configs/ folder."""
+    out = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True).stdout
+    found = re.search(r'"([^"]+)"', out)
+    assert found, out
+    folder.mkdir(parents=True, exist_ok=True)
+    for data in Path(found.group(1)).glob("*.traineddata"):
+        (folder / data.name).symlink_to(data)
+    return folder
+
+
+def run(root: Path, count: int, seed: int, jobs: int = 2, timeout: float = 600,
+        tessdata: Path | None = None) -> Report:
     files = make_mutants(root / "in", count, seed)
     (root / "convert.yaml").write_text(CONFIG)
     mark = f"ocrd-fuzz-{uuid.uuid4().hex}"
     env = {**os.environ, "OCRD_CONFIG": "", "OCRD_FUZZ_MARK": mark}
+    if tessdata is not None:
+        env["TESSDATA_PREFIX"] = str(tessdata)
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "ocrd", "convert", "-c", str(root / "convert.yaml"),
                         str(root / "in"), "-o", str(root / "out"), "-j", str(jobs)],
@@ -176,8 +196,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True, help="a folder for the mutants")
+    ap.add_argument("--tessdata-download", action="store_true",
+                    help="language data as a download gives it (no configs/ folder)")
     args = ap.parse_args()
-    report = run(args.out, args.count, args.seed, args.jobs, timeout=24 * 3600)
+    tessdata = download_like_tessdata(args.out / "tessdata") if args.tessdata_download \
+        else None
+    report = run(args.out, args.count, args.seed, args.jobs, timeout=24 * 3600,
+                 tessdata=tessdata)
     print(f"{args.count} mutants, seed {args.seed}: exit {report.returncode} in "
           f"{report.seconds:.1f} s; {report.summary}")
     for problem in report.problems:

@@ -68,8 +68,8 @@ def test_quiet_shows_only_the_failures(files: list[Path], tmp_path: Path) -> Non
     r = convert(*files, "-o", "out", "-q", cwd=tmp_path)
     assert r.returncode == 3
     assert r.stderr.splitlines() == [f"{files[2]}: FAILED [truncated] the PDF ends without "
-                                     "its trailer (%%EOF): it is truncated or still being "
-                                     "written", SUMMARY]
+                                     "its trailer (%%EOF) and qpdf cannot repair it: it is "
+                                     "truncated", SUMMARY]
     r = convert(*files[:2], "-o", "out", "-q", cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == ""  # nothing failed: nothing to say
 

@@ -91,21 +91,29 @@ def test_a_scan_without_its_eof_marker_that_reads_is_converted(tmp_path: Path) -
 
 
 @pytest.mark.e2e
-def test_pdf_asked_for_and_not_made_is_a_failure_of_the_file(tmp_path: Path) -> None:
-    """issue18986.pdf renders, but qpdf cannot rewrite it: with --pdf the call exited 0
-    and only a warning said that the PDF was missing."""
-    doc, good = copies(tmp_path, "issue18986.pdf", "opt_demo.pdf")
-    r = convert(doc, good, "-o", "out", "--pdf", cwd=tmp_path)
-    assert r.returncode == 7, r.stderr  # an output not written
-    (line,) = lines_for(r.stderr, doc)
-    assert "FAILED [output_failed] the searchable PDF could not be made" in line, line
-    assert "the Markdown was written" in line, line
-    assert "/proc/" not in line  # no descriptor paths in the sentence
+def test_a_pdf_qpdf_cannot_rewrite_gets_its_searchable_pdf_from_its_pages(tmp_path: Path
+                                                                          ) -> None:
+    """issue18986.pdf renders, but qpdf finds no /Root: with --pdf the call exited 0 and
+    only a warning said that the PDF was missing; then the file failed as output_failed.
+    Pages-tree-refs.pdf's page tree loops (qpdf refuses it; page 1 renders). Both now get
+    a searchable PDF made from their rendered pages, the sidecar saying so and why."""
+    doc, loop, good = copies(tmp_path, "issue18986.pdf", "Pages-tree-refs.pdf", "opt_demo.pdf")
+    r = convert(doc, loop, good, "-o", "out", "--pdf", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
-    assert (out / "issue18986.md").exists() and not (out / "issue18986.pdf").exists()
-    assert sidecar(out, "issue18986")["outputs"]["pdf_failed"]
-    assert (out / "opt_demo.pdf").exists()
-    assert r.stderr.splitlines()[-1] == "1 converted, 1 failed: 1 output_failed (pdf)"
+    assert "/Root" in sidecar(out, "issue18986")["outputs"]["pdf_rebuilt"]
+    meta = sidecar(out, "Pages-tree-refs")
+    assert "Loop detected" in meta["outputs"]["pdf_rebuilt"]
+    assert "/proc/" not in meta["outputs"]["pdf_rebuilt"]  # no descriptor paths
+    assert meta["pages"][0]["text_layer"] == {"placement": "words", "layer": "added"}
+    assert "pdf_rebuilt" not in sidecar(out, "opt_demo")["outputs"]  # the original
+    text = subprocess.run(["pdftotext", str(out / "Pages-tree-refs.pdf"), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "Pages" in text and "loop" in text, text
+    pages = subprocess.run(["pdfinfo", str(out / "Pages-tree-refs.pdf")], capture_output=True,
+                           text=True, check=True).stdout
+    assert re.search(r"^Pages:\s+2$", pages, re.MULTILINE), pages  # every page, in order
+    assert r.stderr.splitlines()[-1] == "3 converted (1 with degraded pages)"
 
 
 @pytest.mark.e2e

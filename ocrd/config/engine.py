@@ -52,9 +52,10 @@ class TesseractConfig(_Strict):
     timeout_seconds: float = Field(300.0, gt=0, description=(
         "Seconds one page may take; a page that takes longer counts as an engine error."))
     orientation: bool = Field(True, description=(
-        "A page read with little confidence (upside down, sideways) is checked with "
-        "tesseract's orientation detection, turned and read again; the sidecar records "
-        "each page's turn as `rotation`. Needs `apt-get install tesseract-ocr-osd`."))
+        "A page read with little confidence (upside down) or read top to bottom "
+        "(sideways) is checked with tesseract's orientation detection (on a page of few "
+        "words, on its text region), turned and read again; the sidecar records each "
+        "page's turn as `rotation`. Needs `apt-get install tesseract-ocr-osd`."))
     orientation_confidence: float = Field(5.0, ge=0, description=(
         "The orientation detection's confidence below which a page is read as it lies."))
 

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 from PIL import Image
 
+from ocrd.config.engine import TesseractConfig
 from ocrd.config.settings import EngineConfig
 from ocrd.engines import orientation, tesseract_tsv
 from ocrd.engines.base import Engine, PageRequest
@@ -55,6 +56,16 @@ def _missing_languages(lang: str, have: set[str]) -> str | None:
     packages = " ".join("tesseract-ocr-" + x.lower().replace("_", "-") for x in missing)
     return (f"tesseract has no language data for {'+'.join(missing)}: apt-get install "
             f"{packages} (installed: {'+'.join(sorted(have - {'osd'})) or 'none'})")
+# The outputs (TSV, then text) asked for by variable, not by the names of tesseract's
+# config files (`tsv txt`): a tessdata folder without tesseract's configs/ (a download of
+# tessdata_best or tessdata_fast) has no such files, and tesseract then writes plain
+# text only and exits 0 — every page would pass as blank.
+OUTPUTS = ("-c", "tessedit_create_tsv=1", "-c", "tessedit_create_txt=1",
+           # the text says where the page has spaces (tesseract_tsv._space), whatever the
+           # first language: kor sets this itself, but eng+kor would space every syllable
+           "-c", "preserve_interword_spaces=1")
+# Seconds the self-test's one tiny page may take (a cold start loads the language data).
+SELF_TEST_SECONDS = 120.0
 
 
 class TesseractEngine(Engine):
@@ -64,7 +75,9 @@ class TesseractEngine(Engine):
     # its own resolution down to 200 dpi (upscaling it costs time and finds nothing more)
     render_dpi = 300
     scan_dpi = (200, 600)
-    page_mode = "L"  # it binarises pages itself: colour only costs memory and time
+    # it binarises pages itself: colour mostly costs memory and time (a colour photo comes
+    # in colour all the same: _read_colour)
+    page_mode = "L"
     # tesseract's own peak RSS per pixel in each mode (measured with tesseract 5.3), plus
     # the packed page in the daemon and the render worker
     pixel_bytes = {"1": 7.5, "L": 11.0, "RGB": 17.0}  # noqa: RUF012 - read only
@@ -81,7 +94,8 @@ class TesseractEngine(Engine):
     @classmethod
     def preflight(cls, cfg: EngineConfig) -> list[str]:
         """tesseract installed, with the data of every language engine.tesseract.lang
-        names (`tesseract --list-langs`), besides the engine's own checks."""
+        names (`tesseract --list-langs`), and able to read a tiny page as set up (a
+        tessdata folder without configs/ ...: self_test), besides the engine's own checks."""
         out = super().preflight(cfg)
         binary = shutil.which("tesseract")
         if binary is None:
@@ -92,8 +106,9 @@ class TesseractEngine(Engine):
             return [*out, f"engine.kind = {cfg.kind!r}: tesseract does not run "
                     f"(`tesseract --list-langs`: {e})"]
         problem = _missing_languages(cfg.tesseract.lang, have)
-        return [*out, f"engine.tesseract.lang = {cfg.tesseract.lang!r}: {problem}"] if problem \
-            else out
+        if problem:
+            return [*out, f"engine.tesseract.lang = {cfg.tesseract.lang!r}: {problem}"]
+        return out + self_test(cfg.tesseract, binary)  # reads a page, as it is set up
 
     async def start(self) -> None:
         if self.binary is None:
@@ -112,27 +127,25 @@ class TesseractEngine(Engine):
         missing = _missing_languages(self.cfg.lang, have)
         if missing:
             raise EngineDead(missing)
+        problems = await asyncio.to_thread(self_test, self.cfg, self.binary)
+        if problems:
+            raise EngineDead("; ".join(problems))
         log.info("engine_ready", engine="tesseract", version=self.version,
                  lang=self.cfg.lang, workers=self.max_concurrency)
 
     async def ocr(self, page: PageRequest) -> PageOutput:
         async with self._slots:
             started, t0 = time.time(), time.monotonic()
-            tsv, text = await self._read(page, _pnm_parts(page))
+            if _in_colour(page):
+                tsv, text = await self._read_colour(page)
+            else:
+                tsv, text = await self._read(page, _pnm_parts(page))
             rotation = 0 if self.orientation else None
             turned_image = None
-            if self.orientation and page.turned is None and tesseract_tsv.doubtful(tsv):
-                # an upside-down page reads as confident-less garbage (a sideways one
-                # tesseract reads as it lies): ask OSD, keep the better reading
-                angle = await orientation.detect(self._tesseract, page,
-                                                 self.cfg.orientation_confidence)
-                if angle:
-                    turned = replace(page, image=orientation.turn(_image(page), angle),
-                                     rendered=None)
-                    again = await self._read(page, _pnm_parts(turned))
-                    if tesseract_tsv.confidence(again[0]) > tesseract_tsv.confidence(tsv):
-                        (tsv, text), rotation = again, angle
-                        turned_image = turned.image
+            if self.orientation and page.turned is None:  # (a person turned it: as they did)
+                found = await self._upright(page, tsv)
+                if found is not None:
+                    (tsv, text), rotation, turned_image = found
         # layout analysis is CPU work: off the event loop
         reading, text, words = await asyncio.to_thread(
             _structure, page, tsv, text, turned_image, self._look(page, turned_image),
@@ -145,16 +158,61 @@ class TesseractEngine(Engine):
                           seconds=time.monotonic() - t0, started_at=started,
                           finished_at=time.time(), rotation=rotation, words=words)
 
+    async def _read_colour(self, page: PageRequest) -> tuple[str, str]:
+        """A colour photo (ocrd/render/pages.py keeps one in colour) read grey, as every
+        page is, and where that reading is weak in colour too: the better reading kept
+        (most words read well, then the higher confidence). tesseract thresholds each
+        colour on its own, so text of about the background's brightness, which grey
+        loses, still stands out."""
+        grey = _image(page).convert("L")
+        first = await self._read(page, _pnm_parts(replace(page, image=grey, rendered=None)))
+        del grey
+        if not tesseract_tsv.weak(first[0]):
+            return first
+        again = await self._read(page, _pnm_parts(page))
+        key = (tesseract_tsv.read_well, tesseract_tsv.confidence)
+        return max((first, again), key=lambda r: tuple(f(r[0]) for f in key))
+
+    async def _upright(self, page: PageRequest, tsv: str
+                       ) -> tuple[tuple[str, str], int, Image.Image] | None:
+        """The page read upright when it lies otherwise: (its reading, the clockwise turn,
+        the turned image), or None to keep the reading as it lies. An upside-down page
+        reads as confident-less garbage, a sideways one tesseract reads top to bottom:
+        OSD is asked, on the text region alone for a page of few words (where OSD on the
+        whole page has too little to go on), and the better reading kept."""
+        lying = orientation.sideways(tsv)
+        if not (lying or tesseract_tsv.doubtful(tsv)):
+            return None
+        angle = await orientation.detect(self._tesseract, page,
+                                         self.cfg.orientation_confidence)
+        if not angle and len(tesseract_tsv.parse(tsv)[1]) <= orientation.FEW_WORDS:
+            angle = await orientation.upright_region(self._tesseract, page, tsv,
+                                                     self.cfg.lang,
+                                                     self.cfg.orientation_confidence)
+        if not angle:
+            return None
+        turned = replace(page, image=orientation.turn(_image(page), angle), rendered=None)
+        again = await self._read(page, _pnm_parts(turned))
+        better = tesseract_tsv.confidence(again[0]) > tesseract_tsv.confidence(tsv)
+        # read as it lies, a sideways page may read about as well: upright is the page
+        # whose lines run across and that reads well
+        upright = lying and not orientation.sideways(again[0]) and \
+            tesseract_tsv.confidence(again[0]) >= orientation.READ_WELL
+        if not (better or upright):
+            return None
+        assert turned.image is not None
+        return again, angle, turned.image
+
     async def _read(self, page: PageRequest,
                     image: tuple[bytes, bytes | bytearray]) -> tuple[str, str]:
         """tesseract's TSV and text for the page from one run: every word with its box
         and confidence in its block, paragraph and line (the Markdown's structure, the
         searchable PDF's layer), and where the words have spaces between them."""
-        args = ["-l", self.cfg.lang, "--psm", str(self.cfg.psm)]
-        if page.dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
-            args += ["--dpi", str(round(page.dpi))]
-        out = await self._tesseract(image, [*args, "tsv", "txt"])
-        return tesseract_tsv.split(out.decode("utf-8", errors="replace"))
+        out = await self._tesseract(image, read_args(self.cfg, page.dpi))
+        tsv, text = tesseract_tsv.split(out.decode("utf-8", errors="replace"))
+        if not tsv:  # never a blank page: tesseract did not do what it was asked
+            raise EngineDead(not_tsv(text, "", self.binary or "tesseract"))
+        return tsv, text
 
     async def _tesseract(self, image: tuple[bytes, bytes | bytearray],
                          args: list[str]) -> bytes:
@@ -219,6 +277,72 @@ class TesseractEngine(Engine):
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model, "version": self.version,
                 "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
+
+
+def read_args(cfg: TesseractConfig, dpi: float) -> list[str]:
+    """tesseract's arguments for reading a page: its TSV and its text, from one run."""
+    args = ["-l", cfg.lang, "--psm", str(cfg.psm)]
+    if dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
+        args += ["--dpi", str(round(dpi))]
+    return [*args, *OUTPUTS]
+
+
+def self_test(cfg: TesseractConfig, binary: str | None = None) -> list[str]:
+    """tesseract run once as the engine runs it, on a tiny page of printed text: what
+    keeps it from giving ocrd the page's words (it fails, or writes something other than
+    its TSV table), one line per problem with the fix; [] when it works. The engine's
+    start refuses to go on without it; check-config asks too (Engine.preflight)."""
+    binary = binary or shutil.which("tesseract")
+    if binary is None:
+        return [f"engine.kind: tesseract: {NOT_INSTALLED}"]
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    try:
+        r = subprocess.run([binary, "stdin", "stdout", *read_args(cfg, 300)],
+                           input=pnm(sample_page()), capture_output=True, env=env,
+                           timeout=SELF_TEST_SECONDS, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"engine.tesseract: tesseract ({binary}) did not read a test page ({e})"]
+    said = r.stderr.decode(errors="replace")
+    if r.returncode != 0:
+        last = [ln for ln in said.splitlines() if ln.strip()][-1:] or [""]
+        return [f"engine.tesseract: tesseract ({binary}) fails on a test page with lang "
+                f"{cfg.lang!r} (exit {r.returncode}: {last[0].strip()[:200]}); "
+                f"{_data_fix(cfg.lang)}"]
+    tsv, text = tesseract_tsv.split(r.stdout.decode("utf-8", errors="replace"))
+    if not tsv:
+        return [f"engine.tesseract: {not_tsv(text, said, binary)}"]
+    return []
+
+
+def sample_page() -> Image.Image:
+    """A tiny page of printed text (grey, as the engine's pages are)."""
+    from PIL import ImageDraw, ImageFont
+
+    page = Image.new("L", (640, 160), 255)
+    ImageDraw.Draw(page).text((40, 40), "Ocrd 2024", fill=0,
+                              font=ImageFont.load_default(size=64))
+    return page
+
+
+def not_tsv(text: str, said: str, binary: str) -> str:
+    """Why tesseract's output is not what ocrd reads, and what to do about it."""
+    got = " ".join(text.split())[:60]
+    complaint = next((ln.strip() for ln in said.splitlines() if ln.strip()), "")
+    return (f"tesseract ({binary}) wrote no TSV table, only "
+            f"{repr(got) if got else 'nothing'}"
+            f"{f' (it said: {complaint[:160]})' if complaint else ''}: its setup is "
+            f"broken, and every page would pass as blank; {_data_fix()}")
+
+
+def _data_fix(lang: str = "") -> str:
+    prefix = os.environ.get("TESSDATA_PREFIX")
+    first = lang.split("+")[0] if lang else ""
+    if prefix:
+        return (f"TESSDATA_PREFIX={prefix!r} names the language data: make it a complete "
+                f"tessdata folder{f' with {first}.traineddata' if first else ''} (or "
+                "unset it to use the system's)")
+    return ("reinstall tesseract's language data (apt-get install --reinstall "
+            f"tesseract-ocr-{first.replace('_', '-') or 'eng'})")
 
 
 def _pnm_parts(page: PageRequest) -> tuple[bytes, bytes | bytearray]:
@@ -307,6 +431,13 @@ def _stroke(page: PageRequest, turned: Image.Image | None) -> Stroke:
             return None
         return modes.stroke_width(band, (box[0], 0, box[2], band.height))
     return stroke
+
+
+def _in_colour(page: PageRequest) -> bool:
+    """A page that reached this engine (which reads grey) in colour: a colour photo."""
+    mode = page.rendered.mode if page.rendered is not None else \
+        page.image.mode if page.image is not None else "L"
+    return mode == "RGB"
 
 
 def _size(page: PageRequest) -> tuple[int, int]:

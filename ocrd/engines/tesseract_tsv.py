@@ -4,8 +4,9 @@ lines it found; from that, the words of the searchable PDF's text layer.
 
 The engine asks tesseract for TSV and text from one run. The TSV has the geometry; the
 text says where tesseract found a space between two words — which only matters where
-Chinese or Japanese is involved: those run on without spaces, and the TSV lists each
-character or word of them apart.
+Chinese, Japanese or Korean is involved: the first two run on without spaces, and the
+TSV lists each character or word of them apart; Korean has spaces between its words, but
+the TSV may list a word's syllables apart ("국 회 입 법" for 국회입법).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from ocrd.outputs.page import Word
 _WORD_LEVEL = "5"
 _COLUMNS = 12  # level page block par line word left top width height conf text
 _HEADER = "level\tpage_num\t"
+# Without tesseract's text, two Hangul words are one when the gap between them is below
+# this share of their height (syllables of a word touch; words have a space between).
+HANGUL_GAP = 0.2
 # Mean word confidence below which a page's reading is doubtful: an upside-down page
 # reads well below it, a good one well above (OCRmyPDF's cardinal.pdf at 300 dpi).
 DOUBTFUL_BELOW = 65.0
@@ -46,7 +50,8 @@ def _rows(tsv: str, levels: tuple[str, ...] = (_WORD_LEVEL,)) -> list[list[str]]
 
 def read(tsv: str, text: str = "") -> Reading:
     """The page as tesseract read it. `text`, its text output of the same run, gives the
-    spaces between words (else: none between CJK characters, one elsewhere)."""
+    spaces between words (else: none between CJK characters, between Hangul where the
+    boxes leave a space, one elsewhere)."""
     lines: list[Line] = []
     rules: list[tuple[int, int, int, int]] = []
     last = None
@@ -103,9 +108,18 @@ def _space(lines: list[Line], text: str) -> None:
             before = line.tokens[k - 1].text
             if not cjk.touches(before, tok.text):
                 continue  # between words of other scripts, always the space
-            spaced = gap if aligned else not cjk.tight(before, tok.text)
+            spaced = gap if aligned else _spaced_by_rule(line.tokens[k - 1], tok)
             if not spaced:
                 line.tokens[k] = Token(tok.text, tok.box, tok.conf, spaced=False)
+
+
+def _spaced_by_rule(before: Token, tok: Token) -> bool:
+    """Without tesseract's text: no space between CJK characters; between Hangul, a
+    space where the boxes leave one."""
+    if cjk.hangul_join(before.text, tok.text):
+        height = max(before.box[3] - before.box[1], tok.box[3] - tok.box[1], 1)
+        return tok.box[0] - before.box[2] >= HANGUL_GAP * height
+    return not cjk.tight(before.text, tok.text)
 
 
 def layer_words(reading: Reading) -> list[Word]:
@@ -189,6 +203,30 @@ def confidence(tsv: str) -> float:
             total += conf
             count += 1
     return total / count if count else 0.0
+
+
+# A word read with at least this confidence is read well.
+READ_WELL = 80.0
+# A reading with fewer words read well, or a lower mean confidence, is weak (a page's
+# colour may tell more than its grey: ocrd.engines.tesseract reads it again in colour).
+WEAK_WELL_WORDS = 20
+WEAK_CONFIDENCE = 70.0
+
+
+def read_well(tsv: str) -> int:
+    """How many words the page has that were read with READ_WELL confidence or more."""
+    count = 0
+    for cols in _rows(tsv):
+        try:
+            count += bool(cols[11].strip()) and float(cols[10]) >= READ_WELL
+        except ValueError:
+            continue
+    return count
+
+
+def weak(tsv: str) -> bool:
+    """Few words read well, or little confidence in them."""
+    return read_well(tsv) < WEAK_WELL_WORDS or confidence(tsv) < WEAK_CONFIDENCE
 
 
 def doubtful(tsv: str) -> bool:

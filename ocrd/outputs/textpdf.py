@@ -18,7 +18,7 @@ stream's bytes as they are (no recompression, so image stream hashes stay equal)
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ocrd.outputs.textlayer import FONT_NAME, GLYPHLESS_TTF, FontMap, PageLayer
@@ -335,3 +335,114 @@ def write_image_layers(source: IO[bytes], out: IO[bytes], layers: Sequence[PageL
             done.append("added" if layers[i].placement != "none" else "none")
         pdf.save(out)
     return done
+
+
+# -- a PDF made from the rendered pages ------------------------------------------------
+#
+# For a document whose original qpdf cannot rewrite (a page tree with a loop, no /Root,
+# an encrypted attachment) while its pages render: each page's image (rendered again, one
+# at a time, in a render worker) with its text layer over it. Written object by object
+# straight into the output (no document held in memory: a thousand pages cost what one
+# does), a cross-reference table at the end.
+
+# One page's image: JPEG bytes, width and height in pixels, mode (L or RGB).
+PageImage = tuple[bytes, int, int, str]
+
+
+class _Objects:
+    """Numbered objects written in order, their offsets kept for the xref table."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.offsets: dict[int, int] = {}
+        self.pos = 0
+        self._put(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n")
+
+    def _put(self, data: bytes) -> None:
+        self.out.write(data)
+        self.pos += len(data)
+
+    def add(self, num: int, body: str, stream: bytes | None = None) -> None:
+        self.offsets[num] = self.pos
+        if stream is None:
+            self._put(f"{num} 0 obj\n{body}\nendobj\n".encode())
+            return
+        head = body[:-2].rstrip() + f" /Length {len(stream)} >>"
+        self._put(f"{num} 0 obj\n{head}\nstream\n".encode())
+        self._put(stream)
+        self._put(b"\nendstream\nendobj\n")
+
+    def finish(self, root: int) -> None:
+        size = max(self.offsets) + 1
+        start = self.pos
+        rows = ["xref", f"0 {size}", "0000000000 65535 f "]
+        rows += [f"{self.offsets[n]:010d} 00000 n " if n in self.offsets
+                 else "0000000000 65535 f " for n in range(1, size)]
+        self._put(("\n".join(rows) + f"\ntrailer\n<< /Size {size} /Root {root} 0 R >>\n"
+                   f"startxref\n{start}\n%%EOF\n").encode())
+
+
+def write_rendered_pages(out: IO[bytes], count: int,
+                         size_of: Callable[[int], tuple[float, float]],
+                         image_of: Callable[[int], PageImage | None],
+                         layers: Sequence[PageLayer], fonts: FontMap) -> list[str]:
+    """A PDF of `count` pages, page i `size_of(i)` points (width, height) holding the image
+    `image_of(i)` (None: the page is left white) with its layer over it, into `out`.
+    Returns what happened to each page's layer (added, none)."""
+    objs = _Objects(out)
+    catalog, tree, font = 1, 2, 3
+    objs.add(catalog, f"<< /Type /Catalog /Pages {tree} 0 R >>")
+    kids, done = [], []
+    num = 9  # 3..8: the font's objects, written at the end (they need every character)
+    for i in range(count):
+        w, h = size_of(i)
+        image, form, contents, page = num, num + 1, num + 2, num + 3
+        num += 4
+        xobjects, draw = [], ""
+        found = image_of(i)
+        if found is not None:
+            jpeg, px_w, px_h, mode = found
+            space = "/DeviceGray" if mode == "L" else "/DeviceRGB"
+            objs.add(image, f"<< /Type /XObject /Subtype /Image /Width {px_w} /Height {px_h} "
+                     f"/ColorSpace {space} /BitsPerComponent 8 /Filter /DCTDecode >>", jpeg)
+            xobjects.append(f"/Im0 {image} 0 R")
+            draw += f"q {_fmt((w, 0, 0, h, 0, 0))} cm /Im0 Do Q\n"
+        layer = layers[i] if i < len(layers) else None
+        if layer is not None and layer.placement != "none":
+            objs.add(form, "<< /Type /XObject /Subtype /Form /BBox [0 0 1 1] /Resources "
+                     f"<< /Font << {FONT_NAME} {font} 0 R >> >> /Filter /FlateDecode >>",
+                     layer.stream)
+            xobjects.append(f"/{LAYER_NAME} {form} 0 R")
+            draw += f"q {_fmt((w, 0, 0, h, 0, 0))} cm /{LAYER_NAME} Do Q\n"
+            done.append("added")
+        else:
+            done.append("none")
+        objs.add(contents, "<< /Filter /FlateDecode >>", zlib.compress(draw.encode(), 6))
+        objs.add(page, f"<< /Type /Page /Parent {tree} 0 R /MediaBox [0 0 {_fmt((w, h))}] "
+                 f"/Resources << /XObject << {' '.join(xobjects)} >> >> "
+                 f"/Contents {contents} 0 R >>")
+        kids.append(f"{page} 0 R")
+    objs.add(tree, f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {count} >>")
+    _font_objects(objs, font, fonts)
+    objs.finish(catalog)
+    return done
+
+
+def _font_objects(objs: _Objects, font: int, fonts: FontMap) -> None:
+    """make_font's glyph-less Type0 font, as numbered objects font..font+5."""
+    cid_font, descriptor, file, cid_map, to_unicode = range(font + 1, font + 6)
+    n = len(fonts.cids) + 1
+    objs.add(file, f"<< /Length1 {len(GLYPHLESS_TTF)} /Filter /FlateDecode >>",
+             zlib.compress(GLYPHLESS_TTF, 6))
+    objs.add(descriptor, "<< /Type /FontDescriptor /FontName /GlyphLessFont /Flags 5 "
+             "/FontBBox [0 0 500 1000] /ItalicAngle 0 /Ascent 1000 /Descent -1 "
+             f"/CapHeight 1000 /StemV 80 /FontFile2 {file} 0 R >>")
+    objs.add(cid_map, "<< /Filter /FlateDecode >>",
+             zlib.compress(b"\x00\x00" + b"\x00\x01" * (n - 1), 6))
+    objs.add(cid_font, "<< /Type /Font /Subtype /CIDFontType2 /BaseFont /GlyphLessFont "
+             "/CIDSystemInfo << /Registry (Adobe) /Ordering (Identity) /Supplement 0 >> "
+             f"/FontDescriptor {descriptor} 0 R /DW 500 /CIDToGIDMap {cid_map} 0 R >>")
+    objs.add(to_unicode, "<< /Filter /FlateDecode >>", zlib.compress(fonts.to_unicode(), 6))
+    objs.add(font, "<< /Type /Font /Subtype /Type0 /BaseFont /GlyphLessFont "
+             f"/Encoding /Identity-H /DescendantFonts [{cid_font} 0 R] "
+             f"/ToUnicode {to_unicode} 0 R >>")

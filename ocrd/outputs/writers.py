@@ -56,6 +56,8 @@ class Document:
     kind: str  # pages.DocInfo.kind: pdf, image, tiff ...
     name: str
     pages: int
+    # what probing found (pages.DocInfo): for a writer that renders pages again
+    info: Any = None
 
 
 class Writer(abc.ABC):

@@ -125,8 +125,9 @@ class Converter:
 
     async def probe(self, path: str, workers: DocumentWorkers) -> pages.DocInfo:
         lim = self.cfg.limits
+        # a file being converted is finished: a PDF cut off is repaired if it can be
         return await workers.call(pages.probe, path, self.resolution.dpi,
-                                  lim.max_pages, lim.max_file_bytes, lim.max_pixels)
+                                  lim.max_pages, lim.max_file_bytes, lim.max_pixels, True)
 
     async def convert(self, src: Source, out_dir: safefs.Dir, perms: destinations.Perms) -> Written:
         """Convert one document and write NAME.md, NAME.json (and NAME.assets/) into
@@ -163,7 +164,7 @@ class Converter:
             self.documents[id(src)] = DocProgress(src, info.pages, time.time())
             results = await DocumentPages(self, workers, src, info, staging, staging.final,
                                           blog, outputs).run()
-            doc = Document(src.path, info.kind, src.name, info.pages)
+            doc = Document(src.path, info.kind, src.name, info.pages, info)
             for writer in outputs:  # before the sidecar, which lists them, and the Markdown
                 await writer.write(doc, out_dir, base, perms, workers, self.metrics, blog)
             meta = self._sidecar(src, info, results, base, staging, t0, outputs)
@@ -203,6 +204,7 @@ class Converter:
             "status": "degraded" if degraded else "ok",
             "degraded_pages": degraded,
             "warnings": list(info.warnings),
+            "repaired": info.repaired,
             "outputs": {
                 "markdown": base + ".md",
                 "assets": staging.final if staging.used else None,

@@ -53,6 +53,10 @@ class Jobs:
                 log.exception("internal_error_unrecorded", file=item.relpath)
 
     async def _run(self, item: Item) -> None:
+        if isinstance(item.error, errors.Truncated):
+            # It looked cut off while it might still change; claimed, it is finished:
+            # read as it is (the converter repairs a PDF that can be), or fail as before.
+            item.error = None
         if item.error is not None:
             await self.outcomes.fail(item, item.error)
             return

@@ -1,10 +1,14 @@
 """Pages in their own mode: grey, or 1-bit for fax/JBIG2 scans, packed as PNM wants them.
 
-tesseract binarises every page itself, so colour is wasted on it: an RGB page is three
-times the bytes of a grey one at every copy (render buffer, tmpfs, pipe) and 24 times a
-1-bit one, and tesseract reads grey and 1-bit pages measurably faster than RGB, with
-the same words. So for an engine that reads grey (`Engine.page_mode`), PDFium renders grey,
-and a page that is a 1-bit scan becomes packed 1-bit rows (PBM's layout, 1 = black).
+tesseract binarises every page itself, so colour is mostly wasted on it: an RGB page is
+three times the bytes of a grey one at every copy (render buffer, tmpfs, pipe) and 24
+times a 1-bit one, and tesseract reads grey and 1-bit pages measurably faster than RGB,
+with as many words on scans and born-digital pages (bench/colour.py; bench/RESULTS.md).
+So for an engine that reads grey (`Engine.page_mode`), PDFium renders grey, and a page
+that is a 1-bit scan becomes packed 1-bit rows (PBM's layout, 1 = black). A colour photo
+(an image without a scanner's resolution) stays in colour (render/pages.py): text in a
+colour about as bright as its background vanishes in grey, and the engine reads it again
+in colour where its grey reading is weak.
 Rendering goes in bands, so a 35,000 × 35,000 px page never exists as 8-bit pixels.
 """
 

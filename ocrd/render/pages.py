@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -52,10 +54,25 @@ class DocInfo:
     # file is converted only once it has stopped changing (ocrd/intake/readiness.py)
     complete: bool = True
     warnings: tuple[str, ...] = ()  # for the sidecar: what was odd about the file
+    # the PDF did not open as it is and is read from the copy qpdf repaired (in memory)
+    repaired: bool = False
 
 # A PDF without its end marker that opens and has pages: read as far as it goes.
 NO_TRAILER = ("the PDF ends without its trailer (%%EOF); it was read as far as its "
               "pages go")
+
+
+# A PDF that neither PDFium nor poppler opens is given to qpdf, which rebuilds a missing
+# or broken cross-reference table (a file cut off before its end, offsets that are
+# wrong): up to this size, the repaired copy is kept in memory by the worker that reads it.
+REPAIR_MAX_BYTES = 128 * 2**20
+
+
+def repaired_warning(why: str, trailer: bool, pages: int) -> str:
+    """The sidecar's sentence for a PDF read from its repaired copy."""
+    cut = "" if trailer else "; it ends without its trailer (%%EOF): it was cut off"
+    return (f"the PDF could not be opened as it was ({why}){cut}; qpdf repaired it and "
+            f"{pages} page{'s' * (pages != 1)} were read from the repaired copy")
 
 
 # A render worker's pixel buffer for PDFium, kept between pages: a fresh 6 MB buffer per
@@ -130,14 +147,18 @@ def _sniff(path: str) -> tuple[bytes, bytes, int]:
     return head, tail, size
 
 
-def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) -> DocInfo:
+def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int,
+          finished: bool = False) -> DocInfo:
     """Decide whether the file is a complete, supported document and how big it is.
 
     Raises `errors.EmptyFile` / `errors.Truncated` for files that may still be being
     written, and the other `OcrdError`s for files that will never convert. Nothing else:
-    a library's unexpected exception becomes `errors.InternalError`, with its traceback."""
+    a library's unexpected exception becomes `errors.InternalError`, with its traceback.
+    A PDF that does not open is repaired (qpdf) when it has its end, or when the caller
+    knows the file is `finished` (claimed, or given to `ocrd convert`); a PDF without its
+    end is not, while it may still be being written."""
     try:
-        return _probe(path, dpi, max_pages, max_bytes, max_pixels)
+        return _probe(path, dpi, max_pages, max_bytes, max_pixels, finished)
     except errors.OcrdError:
         raise
     except MemoryError:
@@ -146,7 +167,8 @@ def probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) 
         raise errors.internal(e, "reading the file") from None
 
 
-def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int) -> DocInfo:
+def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int,
+           finished: bool) -> DocInfo:
     head, tail, size = _sniff(path)
     if size == 0:
         raise errors.EmptyFile("the file is empty (0 bytes)")
@@ -154,27 +176,47 @@ def _probe(path: str, dpi: int, max_pages: int, max_bytes: int, max_pixels: int)
         raise errors.TooLarge(f"the file has {size} bytes, more than limits.max_file_bytes "
                               f"({max_bytes})")
     if b"%PDF" in head:  # some writers leave out the version's dash: PDFium reads them
-        return _probe_pdf(path, tail, dpi, max_pages)
+        return _probe_pdf(path, tail, dpi, max_pages, finished)
     return _probe_image(path, head, tail, max_pages, max_pixels)
 
 
-def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int) -> DocInfo:
-    """A PDF with its trailer, or without one that still opens (then `complete` is False:
-    whether it is whole is for the caller to judge, from whether it still changes)."""
+def _probe_pdf(path: str, tail: bytes, dpi: int, max_pages: int, finished: bool) -> DocInfo:
+    """A PDF with its trailer, or without one that still opens or (`finished`) that qpdf
+    repairs (then `complete` is False: whether it is whole is for the caller to judge,
+    from whether it still changes)."""
     trailer = b"%%EOF" in tail
     try:
         info = _count_pdf(path, dpi)
     except errors.Encrypted:
         raise
-    except errors.OcrdError:
-        if trailer:
-            raise
-        raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated "
-                               "or still being written") from None
+    except errors.OcrdError as failed:
+        info = _repaired_or_raise(path, dpi, trailer, finished, failed)
     if info.pages > max_pages:
         raise errors.TooManyPages(f"the PDF has {info.pages} pages, more than "
                                   f"limits.max_pages ({max_pages})")
-    return info if trailer else replace(info, complete=False, warnings=(NO_TRAILER,))
+    if info.repaired or trailer:
+        return info
+    return replace(info, complete=False, warnings=(NO_TRAILER,))
+
+
+def _repaired_or_raise(path: str, dpi: int, trailer: bool, finished: bool,
+                       failed: errors.OcrdError) -> DocInfo:
+    """Before calling a PDF that does not open damaged or truncated: what qpdf can
+    repair, once the file is known to be finished (its end there, or the caller says
+    so). A repaired file without its end stays incomplete."""
+    info = _count_repaired(path, dpi) if trailer or finished else None
+    if info is not None:
+        said = re.search(r"\((.+)\)$", str(failed))
+        why = said.group(1) if said else str(failed)
+        return replace(info, complete=trailer,
+                       warnings=(repaired_warning(why, trailer, info.pages),))
+    if trailer:
+        raise failed
+    if finished:
+        raise errors.Truncated("the PDF ends without its trailer (%%EOF) and qpdf cannot "
+                               "repair it: it is truncated")
+    raise errors.Truncated("the PDF ends without its trailer (%%EOF): it is truncated or "
+                           "still being written")
 
 
 def _count_pdf(path: str, dpi: int) -> DocInfo:
@@ -200,8 +242,63 @@ def _count_pdf(path: str, dpi: int) -> DocInfo:
     return DocInfo("pdf", "PDF", pages, renderer, pixels)
 
 
-def _pdfium_count(path: str, dpi: int) -> tuple[int, int]:
-    doc = open_pdfium(path)
+def _count_repaired(path: str, dpi: int) -> DocInfo | None:
+    """The PDF's pages as qpdf repairs it, read by PDFium; None when it cannot be."""
+    try:
+        data = _repaired(path)
+        pages, pixels = _pdfium_count(path, dpi, data)
+    except errors.OcrdError:
+        return None
+    if pages == 0:
+        return None
+    return DocInfo("pdf", "PDF", pages, "pypdfium2", pixels, repaired=True)
+
+
+def _repaired(path: str) -> bytes:
+    """The PDF at `path` as qpdf repairs it when opening (a rebuilt cross-reference
+    table, what the objects found say), written anew; Damaged when it cannot be."""
+    import pikepdf
+
+    with _reader(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > REPAIR_MAX_BYTES:
+            raise errors.Damaged(f"the PDF is too large ({size} bytes) to be repaired")
+        try:
+            with pikepdf.open(f) as pdf:
+                if len(pdf.pages) == 0:
+                    raise errors.Damaged("qpdf finds no pages in the PDF")
+                if pdf.is_encrypted or _encryption_dictionary(f):
+                    # cut off before the trailer that names its encryption: what qpdf
+                    # would write is the ciphertext
+                    raise errors.Damaged("the PDF is encrypted and cannot be repaired")
+                out = io.BytesIO()
+                pdf.save(out)
+        except errors.OcrdError:
+            raise
+        except Exception as e:  # noqa: BLE001 - qpdf's failures: it cannot be repaired
+            if errors.shortage(e):
+                raise
+            raise errors.Damaged(f"qpdf cannot repair the PDF ({_said(e)})") from None
+    return out.getvalue()
+
+
+_STANDARD_SECURITY = re.compile(rb"/Filter\s*/Standard\b")
+
+
+def _encryption_dictionary(f: Any) -> bool:
+    """Whether the file holds a standard security handler's dictionary (an encrypted
+    PDF's, wherever its trailer went)."""
+    f.seek(0)
+    tail = b""
+    while chunk := f.read(1 << 20):
+        if _STANDARD_SECURITY.search(tail + chunk):
+            return True
+        tail = chunk[-64:]
+    return False
+
+
+def _pdfium_count(path: str, dpi: int, data: bytes | None = None) -> tuple[int, int]:
+    doc = open_pdfium(path) if data is None else open_pdfium_bytes(data)
     try:
         n = len(doc)
         pixels = 0
@@ -372,13 +469,14 @@ def begin_document(document: int) -> None:
     """Worker side: the next calls are for `document`. A worker that served another
     file starts clean: its open documents closed, PDFium's state (errors, caches, fonts)
     made anew."""
-    global _document, _pdfium_used
+    global _document, _pdfium_used, _repaired_bytes
     if document == _document:
         return
     _document = document
     for old in _open_pdf.values():
         old.close()
     _open_pdf.clear()
+    _repaired_bytes = None
     if _pdfium_used:
         from pypdfium2 import _library_scope as pdfium_library
 
@@ -403,6 +501,20 @@ def open_pdfium(path: str) -> Any:
         raise _pdf_error(str(e)) from None
 
 
+def open_pdfium_bytes(data: bytes) -> Any:
+    """A PDF held in memory (a repaired copy) as a PDFium document."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    global _pdfium_used
+    _pdfium_used = True
+    pdfium_c.FPDF_LoadMemDocument64(_NOT_A_PDF, len(_NOT_A_PDF), None)  # fresh last error
+    try:
+        return pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as e:
+        raise _pdf_error(str(e)) from None
+
+
 def _doc_key(path: str) -> tuple:
     try:
         st = os.stat(path)
@@ -411,22 +523,39 @@ def _doc_key(path: str) -> tuple:
     return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _pdfium_doc(path: str) -> Any:
-    key = _doc_key(path)
+def _pdfium_doc(path: str, repaired: bool = False) -> Any:
+    key = (*_doc_key(path), repaired)
     doc = _open_pdf.get(key)
     if doc is None:
         for old in _open_pdf.values():
             old.close()
         _open_pdf.clear()
-        doc = open_pdfium(path)
+        doc = open_pdfium_bytes(_repaired_copy(path)) if repaired else open_pdfium(path)
         _open_pdf[key] = doc
     return doc
 
 
+# The repaired copy of the PDF this worker reads (one at a time), by the file's identity.
+_repaired_bytes: tuple[tuple, bytes] | None = None
+
+
+def _repaired_copy(path: str) -> bytes:
+    """The PDF's repaired copy, made once per worker and document."""
+    global _repaired_bytes
+    key = _doc_key(path)
+    if _repaired_bytes is None or _repaired_bytes[0] != key:
+        _repaired_bytes = None
+        _repaired_bytes = (key, _repaired(path))
+    return _repaired_bytes[1]
+
+
 def forget(path: str) -> None:
     """Close the cached documents of a path (worker side)."""
+    global _repaired_bytes
     for key in [k for k in _open_pdf if k[0] == path]:
         _open_pdf.pop(key).close()
+    if _repaired_bytes is not None and _repaired_bytes[0][0] == path:
+        _repaired_bytes = None
 
 
 def render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
@@ -456,10 +585,12 @@ def _render_page(path: str, info: DocInfo, index: int, dpi: float | Resolution,
     if info.kind == "image":
         with _lenient() if not info.complete else contextlib.nullcontext():
             return _render_image(path, index, max_pixels, res.grey)
+    if info.repaired:  # poppler cannot open the original either
+        return _render_pdfium(path, index, res, max_pixels, repaired=True)
     if renderer == "pypdfium2":
         try:
             return _render_pdfium(path, index, res, max_pixels)
-        except (errors.Encrypted, errors.PageTooSmall):
+        except (errors.Encrypted, errors.PageTooSmall, pdffaults.UnreadableContent):
             raise
         except errors.OcrdError:
             return _render_poppler(path, index, res, max_pixels)
@@ -473,10 +604,11 @@ def _fit_dpi(width_pt: float, height_pt: float, dpi: float, max_pixels: int) -> 
     return dpi * (max_pixels / px) ** 0.5 * 0.999
 
 
-def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> RenderedPage:
+def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int,
+                   repaired: bool = False) -> RenderedPage:
     import pypdfium2 as pdfium
 
-    doc = _pdfium_doc(path)
+    doc = _pdfium_doc(path, repaired)
     try:
         page = doc[index]
         w, h = page.get_size()
@@ -489,6 +621,8 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
             width, height, data, mode = modes.render_grey(page, dpi, one_bit)
             pdffaults.check_page_size(width, height, index, "PDFium", (w, h))
             page.close()
+            if pdffaults.looks_white(mode, width, height, data, repaired=repaired):
+                _not_blank_if_damaged(path, index, repaired)
             return RenderedPage(index, width, height, data, dpi, mode=mode)
         maker = {"bitmap_maker": _scratch_bitmap} if pagepixels._shared_tag is not None else {}
         bitmap = page.render(scale=dpi / 72, rev_byteorder=True, may_draw_forms=True,
@@ -502,6 +636,9 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
         # cost as much as rendering a text page.
         width, height, stride = bitmap.width, bitmap.height, bitmap.stride
         view = memoryview(bitmap.buffer).cast("B")
+        if pdffaults.looks_white("RGB", width, height, view[:stride * height], stride,
+                                 repaired=repaired):
+            _not_blank_if_damaged(path, index, repaired)
         shared = None
         if stride == width * 3 and pagepixels._shared_tag is not None:
             shared = pagepixels._to_shared(view[:stride * height])
@@ -513,6 +650,22 @@ def _render_pdfium(path: str, index: int, res: Resolution, max_pixels: int) -> R
     except (pdfium.PdfiumError, ValueError, OSError) as e:  # e.g. a crop box off the page
         raise errors.RenderFailed(f"page {index + 1} cannot be rendered ({_said(e)})") \
             from None
+
+
+def _not_blank_if_damaged(path: str, index: int, repaired: bool) -> None:
+    """A page that rendered white: Damaged when its content is missing or cannot be
+    decoded (PDFium draws nothing for it and says nothing), else it is blank."""
+    if repaired:
+        why = pdffaults.unreadable_content(_repaired_copy(path), index, repaired=True)
+    else:
+        with _reader(path) as f:
+            why = pdffaults.unreadable_content(f, index)
+    if not why:
+        return
+    message = f"page {index + 1} comes out blank, but {why}"
+    if repaired and b"%%EOF" not in _sniff(path)[1]:  # the file was cut off
+        raise pdffaults.CutOffContent(message)
+    raise pdffaults.UnreadableContent(message)
 
 
 def _rgb_rows(buf: memoryview, width: int, height: int, stride: int) -> bytes:
@@ -565,7 +718,46 @@ def _render_image(path: str, index: int, max_pixels: int, grey: bool = False) ->
             raise
         raise errors.Truncated(f"page {index + 1} of the image cannot be decoded "
                                f"({_said(e)})") from None
-    return _pack(img, index, dpi, grey)
+    # A colour photo (no scanner's resolution) stays in colour for an engine that reads
+    # grey: it reads it grey, and in colour too where grey reads weakly (text in a colour
+    # of about the background's brightness vanishes in grey: signs, stamps).
+    photo = grey and dpi == 0 and img.mode == "RGB" and not _colourless(img)
+    return _pack(img, index, dpi, grey and not photo)
+
+
+# A page image for a PDF made from the rendered pages (the searchable PDF of a document
+# whose original cannot be rewritten): born-digital pages at this resolution, scans at
+# their own within the range; JPEG at this quality, grey where the page has no colour.
+PAGE_IMAGE_DPI = 200
+PAGE_IMAGE_SCAN_DPI = (150.0, 300.0)
+PAGE_IMAGE_QUALITY = 80
+PAGE_IMAGE_MAX_PIXELS = 12_000_000
+
+
+def page_image(path: str, info: DocInfo, index: int) -> tuple[bytes, int, int, str]:
+    """Worker side: page `index` rendered for a PDF page of its own, as JPEG bytes, with
+    its size in pixels and its mode (L or RGB). One page at a time: nothing is kept."""
+    res = Resolution(PAGE_IMAGE_DPI, *PAGE_IMAGE_SCAN_DPI)
+    page = render_page(path, info, index, res, PAGE_IMAGE_MAX_PIXELS)
+    try:
+        data = pagepixels.pixels(page)
+    finally:
+        if page.shared is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(page.shared)
+    image = page.to_image(data)
+    del data
+    if image.mode == "1" or (image.mode == "RGB" and _colourless(image)):
+        image = image.convert("L")
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=PAGE_IMAGE_QUALITY)
+    return buf.getvalue(), image.width, image.height, image.mode
+
+
+def _colourless(image: Image.Image) -> bool:
+    """Whether an RGB page has no colour to speak of (its saturation stays low)."""
+    small = image.reduce(max(1, min(image.size) // 256))
+    return small.convert("HSV").getextrema()[1][1] < 24
 
 
 def stated_dpi(im: Image.Image) -> float:

@@ -78,7 +78,7 @@ def make_preview(path: str, index: int, size: str, rotation: int | None) -> byte
 
     dpi, long_side = SIZES[size]
     try:
-        info = pages.probe(path, dpi, 1_000_000, 1 << 62, MAX_PIXELS)
+        info = pages.probe(path, dpi, 1_000_000, 1 << 62, MAX_PIXELS, finished=True)
         if not 0 <= index < info.pages:
             raise errors.OcrdError(f"the document has no page {index + 1}")
         page = pages.render_page(path, info, index, dpi, MAX_PIXELS)

@@ -41,6 +41,58 @@ def turned_pdf(path: Path, angles: list[int]) -> Path:
     return path
 
 
+def one_line_pages(folder: Path) -> dict[int, Path]:
+    """A page with one short line near its top (a note, a label), lying at each angle
+    (turned counter-clockwise, as a sheet fed into the scanner that way): OSD on the
+    whole page has too little to judge it (it refuses, or is unsure)."""
+    from PIL import ImageDraw, ImageFont
+
+    page = Image.new("L", (2480, 3508), 255)
+    ImageDraw.Draw(page).text((300, 300), LINE, fill=0,
+                              font=ImageFont.truetype("DejaVuSans.ttf", 50))
+    made = {}
+    for angle in (0, 90, 180, 270):
+        made[angle] = folder / f"line-{angle:03d}.png"
+        (page.rotate(angle, expand=True) if angle else page).save(made[angle], dpi=(300, 300))
+    return made
+
+
+LINE = "Delivery note for the warehouse shipment 2024"
+
+
+@pytest.mark.e2e
+def test_a_page_of_one_line_is_turned_upright_whichever_way_it_lies(tmp_path: Path) -> None:
+    """One line at 90° and 180° came out as upside-down garbage with `rotation: 0`
+    (OSD's confidence 2.82 on the whole page, below the 5 asked for); at 270°
+    tesseract read it as it lies, the page left sideways (rotation 0)."""
+    (tmp_path / "in").mkdir()
+    pages = one_line_pages(tmp_path / "in")
+    r = subprocess.run([sys.executable, "-m", "ocrd", "convert", "in", "-o", "out"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "OCRD_CONFIG": ""})
+    assert r.returncode == 0, r.stderr
+    for angle, path in pages.items():
+        side = json.loads((tmp_path / "out" / f"{path.stem}.json").read_text())
+        assert side["pages"][0]["rotation"] == angle, (angle, side["pages"][0])
+        md = (tmp_path / "out" / f"{path.stem}.md").read_text()
+        assert recall([LINE], md) == 1.0, (angle, md)
+
+
+def test_lines_read_top_to_bottom_are_a_page_lying_sideways() -> None:
+    head = "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\t" \
+        "height\tconf\ttext\n"
+
+    def tsv(*boxes: tuple[int, int]) -> str:
+        return head + "".join(f"5\t1\t1\t1\t1\t{k}\t0\t{k * 99}\t{w}\t{h}\t95\tword{k}\n"
+                              for k, (w, h) in enumerate(boxes))
+
+    assert orientation.sideways(tsv((24, 90), (24, 120), (30, 80)))
+    assert not orientation.sideways(tsv((90, 24), (120, 24), (80, 30)))
+    assert not orientation.sideways(tsv((24, 90)))  # one word says nothing
+    assert orientation.text_region(tsv((90, 24), (120, 24)), (1000, 1000)) == \
+        (0, 0, 144, 147)
+
+
 @pytest.mark.e2e
 def test_turned_pages_are_read_upright_and_their_turn_recorded(tmp_path: Path) -> None:
     pdf = turned_pdf(tmp_path / "turned.pdf", [0, 180, 90])

@@ -22,7 +22,8 @@ from ocrd.outputs import records
 def test_daemon_sidecar_and_error_files_match_their_schemas(tmp_path: Path) -> None:
     good = make_pdf(tmp_path / "good.pdf", [sentence_lines(1, 3), sentence_lines(2, 3)])
     cut = tmp_path / "cut.pdf"
-    cut.write_bytes(good.read_bytes()[:-400])  # no trailer: truncated
+    # no trailer, and cut before its pages' objects: qpdf cannot repair it, truncated
+    cut.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 3])
     with Daemon(tmp_path / "d") as d:
         d.start()
         drop(good, d.inbox / "good.pdf")

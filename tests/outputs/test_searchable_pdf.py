@@ -506,7 +506,8 @@ def test_replace_removes_an_earlier_invisible_layer_only(tmp_path: Path) -> None
 
 def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """qpdf refusing the document (made to raise here): Markdown and sidecar are written,
+    """qpdf refusing the document, and the PDF made from its rendered pages failing too
+    (both made to raise here): Markdown and sidecar are written,
     the sidecar says why there is no PDF, and no temporary file is left. (`ocrd convert
     --pdf` then fails the file as output_failed: the PDF was asked for by name.)"""
     from helpers import make_pdf
@@ -517,6 +518,8 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
         raise pikepdf.PdfError("unable to find trailer dictionary")
 
     monkeypatch.setattr(textpdf, "write_pdf_layers", refuse)
+    # the PDF made from the rendered pages instead fails too (here: for the same reason)
+    monkeypatch.setattr(textpdf, "write_rendered_pages", refuse)
     src = make_pdf(tmp_path / "doc.pdf", [[]])
     out = convert_remote(tmp_path, [src], "Hello searchable world", failing=("output_failed",))
     meta = json.loads((out / "doc.json").read_text())
@@ -524,6 +527,62 @@ def test_a_pdf_that_cannot_be_written_costs_the_pdf_not_the_markdown(
     assert "unable to find trailer" in meta["outputs"]["pdf_failed"]
     assert "Hello searchable world" in (out / "doc.md").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["doc.json", "doc.md"]
+
+
+def test_a_pdf_qpdf_refuses_gets_one_made_from_its_rendered_pages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """qpdf refusing the original (a page tree with a loop: made to raise here; the real
+    files are in tests/test_real_files.py): the PDF is made from the pages rendered again,
+    each word of the layer where the page shows it, every page in its place and size, and
+    the sidecar says why. It used to fail (outputs.pdf_failed)."""
+    from helpers import make_pdf
+
+    from ocrd.cli import _convert
+    from ocrd.config.load import parse_config
+    from ocrd.outputs import textpdf
+    from ocrd.pipeline.batch import jobs_for
+    from ocrd.pipeline.progress import Progress
+
+    def refuse(*_: Any, **__: Any) -> list[str]:
+        raise pikepdf.PdfError("/proc/self/fd/9 (object 3 0): Loop detected in /Pages "
+                               "structure (getAllPages)")
+
+    monkeypatch.setattr(textpdf, "write_pdf_layers", refuse)
+    src = make_pdf(tmp_path / "doc.pdf", [distinct_lines(7, 9), distinct_lines(8, 9)])
+    out = tmp_path / "out"
+
+    async def run() -> list:
+        cfg = parse_config({"state_dir": str(tmp_path), "metrics": {"listen": None},
+                            "engine": {"kind": "tesseract"}}, tmp_path)
+        ns = Namespace(files=[src], output=out, prompt="markdown", pdf=True,
+                       pdf_text_layer="add")
+        jobs = jobs_for([src], out)
+        outcomes = await _convert(cfg, ns, jobs, Progress(len(jobs), enabled=False))
+        return [o.error for o in outcomes if o.error is not None]
+
+    assert asyncio.run(run()) == []
+    meta = json.loads((out / "doc.json").read_text())
+    assert meta["outputs"]["pdf"] == "doc.pdf" and meta["outputs"]["pdf_failed"] is None
+    assert meta["outputs"]["pdf_rebuilt"] == "Loop detected in /Pages structure (getAllPages)"
+    assert [p["text_layer"]["layer"] for p in meta["pages"]] == ["added", "added"]
+    with pikepdf.open(out / "doc.pdf") as made, pikepdf.open(src) as original:
+        assert len(made.pages) == 2
+        for a, b in zip(made.pages, original.pages, strict=True):
+            assert [round(float(v)) for v in a.mediabox] == \
+                [round(float(v)) for v in b.mediabox]
+    for page in (1, 2):
+        truth = {}
+        for text, *box in bbox_words(src, page):
+            truth.setdefault(text.lower(), []).append(box)
+        checked = 0
+        for text, *box in bbox_words(out / "doc.pdf", page):
+            want = truth.get(text.lower().strip(".,"), [])
+            if len(want) != 1 or len(text) < 4:
+                continue
+            assert all(abs(a - b) <= 4 for a, b in zip(box, want[0], strict=True)), \
+                (text, box, want)
+            checked += 1
+        assert checked >= 20, checked
 
 
 def test_pdf_settings_are_checked() -> None:
