@@ -13,7 +13,9 @@ Environment: FAKE_VLLM_START_SECONDS (0.5) before it listens, FAKE_VLLM_LATENCY 
 a page), FAKE_VLLM_LIMIT (pages at once; default max_num_seqs), FAKE_VLLM_RECORD (a
 folder: PID.json with its argv, CUDA_VISIBLE_DEVICES and children, written at start),
 FAKE_VLLM_EXIT_ON_DEVICE (exit with code 3 before listening when CUDA_VISIBLE_DEVICES
-is this).
+is this; with FAKE_VLLM_EXIT_ONCE_FILE, only while that file is missing, which the exit
+creates), FAKE_VLLM_HOLD_DEVICE (DEVICE=PATH: on that device, still loading until PATH
+exists).
 
 Under CUDA MPS (CUDA_MPS_PIPE_DIRECTORY set) its engine core is a client of that MPS
 control daemon (tests/fake_mps_control.py), as CUDA makes every process that starts on
@@ -129,10 +131,18 @@ async def main() -> None:
     if record:
         path = Path(record, f"{os.getpid()}.json")
         path.write_text(json.dumps({**json.loads(path.read_text()), "mps": mps is not None}))
+    device = os.environ.get("CUDA_VISIBLE_DEVICES")
     exit_on = os.environ.get("FAKE_VLLM_EXIT_ON_DEVICE")
-    if exit_on is not None and os.environ.get("CUDA_VISIBLE_DEVICES") == exit_on:
+    once = os.environ.get("FAKE_VLLM_EXIT_ONCE_FILE")
+    if exit_on is not None and device == exit_on and not (once and os.path.exists(once)):
+        if once:  # the next start on this device goes well
+            Path(once).touch()
         print("ERROR fake vllm serve: no usable GPU", flush=True)
         sys.exit(3)
+    hold = os.environ.get("FAKE_VLLM_HOLD_DEVICE", "")
+    if hold and hold.split("=", 1)[0] == device:  # loading until that file exists
+        while not os.path.exists(hold.split("=", 1)[1]):
+            await asyncio.sleep(0.05)
     gate = os.environ.get(plugin.START_LOCK_ENV)
     if gate:
         size_memory_at_the_gate(gate)

@@ -578,6 +578,15 @@ class RemoteEngine(Engine):
         raise EngineUnavailable("no OCR server took the page after "
                                 f"{tries} tries: " + "; ".join(errors[-len(self.servers):]))
 
+    def server_up(self, url: str) -> None:
+        """The server at `url` answers now (it started, or started again): pages go to
+        it at once, not only once its back-off from the refusals meanwhile ends."""
+        for s in self.servers:
+            if s.url == url and s.sick is None:
+                s.answered()
+                s.down_until = 0.0
+        self._slot_freed.set()  # pages waiting for a slot may take one of its
+
     def has_well_server(self) -> bool:
         """Whether a server is not sick (down for a moment or not)."""
         return any(s.sick is None for s in self.servers)

@@ -282,12 +282,14 @@ def test_every_server_gets_ocrds_vllm_environment(fake_env: dict[str, str], mode
     assert off == [{plugin.ENV: "0", plugin.PIXELS_ENV: "float"}]
 
 
-def test_start_is_ready_only_when_every_server_is(fake_env: dict[str, str], model: str,
-                                                 tmp_path: Path) -> None:
-    """One server per GPU; the one on device 1 cannot start: start() fails (EngineDead
-    with its output) and the one on device 0 is stopped, nothing left running."""
+def test_a_server_that_fails_before_any_answers_fails_the_start(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """One server per GPU; the one on device 1 cannot start, the one on device 0 is still
+    loading: start() fails (EngineDead with its output) and the one on device 0 is
+    stopped, nothing left running."""
     cfg = engine_config(model, gpus=[0, 1])
-    env = {**fake_env, "FAKE_VLLM_EXIT_ON_DEVICE": "1"}
+    env = {**fake_env, "FAKE_VLLM_EXIT_ON_DEVICE": "1",
+           "FAKE_VLLM_HOLD_DEVICE": f"0={tmp_path / 'never'}"}
 
     async def run() -> ManagedServerEngine:
         engine = ManagedServerEngine(cfg, env=env, program=FAKE)
@@ -300,6 +302,83 @@ def test_start_is_ready_only_when_every_server_is(fake_env: dict[str, str], mode
     assert not any(group_alive(pgid) for pgid in engine.pgids)
     children = [pid for rec in recorded(tmp_path / "servers") for pid in rec["children"]]
     assert children and alive(children) == []
+
+
+def test_ready_with_the_first_server_and_the_others_join(
+        fake_env: dict[str, str], model: str, tmp_path: Path) -> None:
+    """One server per GPU, the one on device 1 still loading: start() returns once the
+    one on device 0 answers and pages convert on it; when the other answers, pages go to
+    it at once (not after the back-off its refused probes earned), and close() stops both,
+    the one still loading too."""
+    cfg = engine_config(model, gpus=[0, 1])
+    loaded = tmp_path / "loaded"
+    env = {**fake_env, "FAKE_VLLM_HOLD_DEVICE": f"1={loaded}"}
+
+    async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
+        engine = ManagedServerEngine(cfg, env=env, program=FAKE)
+        facts: dict[str, Any] = {}
+        await engine.start()
+        try:
+            facts["up_at_start"] = [s.up for s in engine.servers]
+            first = await asyncio.gather(*(engine.ocr(page(n)) for n in range(8)))
+            facts["first"] = ([len(first)], {s.url: s.pages for s in engine._client.servers})
+            # the client has tried the loading server meanwhile: it is down for a while
+            await engine.health()
+            await engine.health()
+            loaded.touch()
+            while not engine.servers[1].up:
+                await asyncio.sleep(0.05)
+            facts["supervised"] = len(engine._supervisors)
+            await asyncio.gather(*(engine.ocr(page(n)) for n in range(8, 16)))
+            facts["after"] = {s.url: s.pages for s in engine._client.servers}
+        finally:
+            await engine.close()
+        return engine, facts
+
+    engine, facts = asyncio.run(asyncio.wait_for(run(), 90))
+    zero, one = (s.url for s in engine.specs)
+    assert facts["up_at_start"] == [True, False]
+    assert facts["first"] == ([8], {zero: 8, one: 0})
+    assert facts["supervised"] == 2
+    assert facts["after"][one] > 0 and sum(facts["after"].values()) == 16
+    assert engine.restarts == 0
+    assert not any(group_alive(pgid) for pgid in engine.pgids)
+
+
+def test_a_server_that_fails_after_another_answers_is_started_again(
+        fake_env: dict[str, str], model: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server on device 1 fails its first start after the one on device 0 answers:
+    the engine keeps converting on device 0, device 1's server is started again, as a
+    server that died, and joins."""
+    monkeypatch.setattr(supervised, "RESTART_BACKOFF_SECONDS", 0.2)
+    cfg = engine_config(model, gpus=[0, 1])
+    loaded = tmp_path / "loaded"
+    env = {**fake_env, "FAKE_VLLM_HOLD_DEVICE": f"1={loaded}", "FAKE_VLLM_EXIT_ON_DEVICE": "1",
+           "FAKE_VLLM_EXIT_ONCE_FILE": str(tmp_path / "failed-once")}
+
+    async def run() -> tuple[ManagedServerEngine, dict[str, Any]]:
+        engine = ManagedServerEngine(cfg, env=env, program=FAKE)
+        facts: dict[str, Any] = {}
+        await engine.start()
+        try:
+            # device 1's fake exits before its hold (the first time)
+            while engine.restarts == 0:
+                await asyncio.sleep(0.05)
+            facts["converting"] = len(await asyncio.gather(
+                *(engine.ocr(page(n)) for n in range(4))))
+            loaded.touch()
+            while not engine.servers[1].up:
+                await asyncio.sleep(0.05)
+            facts["health"] = await engine.health()
+        finally:
+            await engine.close()
+        return engine, facts
+
+    engine, facts = asyncio.run(asyncio.wait_for(run(), 90))
+    assert facts == {"converting": 4, "health": True}
+    assert engine.restarts == 1 and engine.servers[1].dead is None
+    assert not any(group_alive(pgid) for pgid in engine.pgids)
 
 
 def gate_lines(path: Path) -> dict[str, list[tuple[str, str]]]:
@@ -370,7 +449,9 @@ def test_without_the_gate_servers_sharing_a_gpu_start_one_after_another(
 
     async def run() -> ManagedServerEngine:
         engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE, start_gate=False)
-        await engine.start()
+        await engine.start()  # (with the first: the second joins)
+        while not all(s.up for s in engine.servers):
+            await asyncio.sleep(0.05)
         await engine.close()
         return engine
 

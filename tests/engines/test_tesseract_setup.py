@@ -125,12 +125,15 @@ def test_check_config_runs_the_same_self_test(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_the_daemon_refuses_to_start_with_a_broken_setup(tmp_path: Path) -> None:
-    """It would have started, and failed every page as engine_failed."""
+    """It would have started, and failed every page as engine_failed: it stops before
+    it starts, as for any setup a restart would not mend (exit 2: the configuration's
+    error), with what check-config says."""
     d = Daemon(tmp_path / "d", env={"TESSDATA_PREFIX": str(broken_tessdata(tmp_path / "td"))})
     with d:
         d.start(wait_ready=False)
         wait_for(d.died, 120, "the daemon to stop")
-        assert d.proc is not None and d.proc.returncode == 1
-        (dead,) = d.events("engine_dead")
-        assert "fails on a test page" in dead["error"] and "TESSDATA_PREFIX" in dead["error"]
+        assert d.proc is not None and d.proc.returncode == errors.ExitCode.USAGE
+        (unusable,) = d.events("config_unusable")
+        said = " ".join(unusable["problems"])
+        assert "fails on a test page" in said and "TESSDATA_PREFIX" in said
         assert not d.events("engine_started")

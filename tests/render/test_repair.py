@@ -115,10 +115,12 @@ def test_a_pdf_without_its_end_is_repaired_only_once_it_is_finished(tmp_path: Pa
 
 
 @pytest.mark.e2e
-def test_the_daemon_repairs_a_cut_off_pdf_once_its_writer_is_done(tmp_path: Path) -> None:
+def test_the_daemon_repairs_a_cut_off_pdf_once_it_stops_changing(tmp_path: Path) -> None:
+    """A file that looks cut short waits incomplete_seconds (its writer may only have
+    paused); then it is claimed as it is, and the converter repairs it."""
     whole = make_pdf(tmp_path / "whole.pdf", PAGES).read_bytes()
     with Daemon(tmp_path / "d") as d:
-        d.config["inboxes"][0].update(quiet_seconds=0.5, incomplete_seconds=600)
+        d.config["inboxes"][0].update(quiet_seconds=0.5, incomplete_seconds=3)
         d.start()
         (d.inbox / "cut.pdf").write_bytes(whole[:int(len(whole) * 0.92)])
         wait_for((d.outbox / "cut.json").exists, 120, "cut.json")

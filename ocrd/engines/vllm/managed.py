@@ -11,7 +11,11 @@ front ends, its own port on 127.0.0.1 and CUDA_VISIBLE_DEVICES
 (ocrd/engines/vllm/serve_args.py). The remote engine's client balances the pages across them
 (the fewest in flight first).
 
-start() returns when every server answers /health. Every server starts at once: vLLM
+start() returns as soon as one server answers /health: pages flow from then on, and
+each other server joins as it comes to answer (a restart is a minute or more without
+OCR otherwise, most of it spent waiting for the last server). A server that fails before
+any answers fails the start; one that fails after is started again, as one that died
+is. Every server starts at once: vLLM
 sizes its KV cache from the memory free while it starts, so servers that share a GPU pass
 that section one at a time through ocrd's start gate (a lock file per group of GPUs that
 their engine cores take through ocrd's vLLM plugin: ocrd/vllm_model/start_gate.py), and
@@ -112,6 +116,10 @@ class ManagedServerEngine(Engine):
         self.max_concurrency = self._client.max_concurrency
         self.servers: list[SupervisedServer] = []
         self._supervisors: list[asyncio.Task] = []
+        self._supervised: set[SupervisedServer] = set()
+        self._starting: asyncio.Future | None = None  # the first starts, while they run
+        self._first_up = asyncio.Event()
+        self._ready_once = False  # a server has answered: the engine is started
         self._closing = False
         self._hf_overrides: dict[str, Any] | None = None
         if start_gate is None:
@@ -143,8 +151,8 @@ class ManagedServerEngine(Engine):
     # ---- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every server and wait until all answer (minutes on a GPU); then
-        supervise each."""
+        """Start every server and return once one answers (a minute or more on a GPU);
+        the others join as they come up. Each is supervised from its first answer."""
         model_config = await asyncio.to_thread(read_model_config, self.model)
         self._hf_overrides = head_dim_overrides(model_config)
         if model_config is None:
@@ -176,7 +184,8 @@ class ManagedServerEngine(Engine):
                              {**env, **self._gate_env(spec, sharing[spec.devices])},
                              self._client.probe_status, self.program,
                              mps=self.mps[spec.devices].client_env
-                             if spec.devices in self.mps else None)
+                             if spec.devices in self.mps else None,
+                             ready=self._server_ready)
             for spec in self.specs]
         groups: dict[str | None, list[SupervisedServer]] = {}
         for server in self.servers:
@@ -189,18 +198,49 @@ class ManagedServerEngine(Engine):
                  mps=sorted(str(d) for d in self.mps),
                  start="at once, through the start gate" if gated
                  else "one after another per GPU" if len(self.specs) > len(groups)
-                 else "at once")
+                 else "at once", ready="with the first server; the others join")
+        self._starting = asyncio.ensure_future(asyncio.gather(
+            *(self._start_group(group, at_once=gated) for group in groups.values())))
         try:
-            await asyncio.gather(*(self._start_group(group, at_once=gated)
-                                   for group in groups.values()))
+            while not any(s.up for s in self.servers) and not self._starting.done():
+                self._first_up.clear()
+                up = asyncio.ensure_future(self._first_up.wait())
+                try:
+                    await asyncio.wait([self._starting, up],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    up.cancel()
+            if self._starting.done():
+                self._starting.result()  # a server that failed before any answered
             await self._client.start()  # checks that the servers serve cfg.model
         except BaseException:
             await self._stop_all()
+            await self._stop_starting()
             await self._client.close()
             raise
-        self._supervisors = [asyncio.create_task(s.supervise(),
-                                                 name=f"vllm-server-supervisor-{s.spec.name}")
-                             for s in self.servers]
+        if not self._starting.done():
+            log.info("vllm_servers_joining", up=sum(s.up for s in self.servers),
+                     servers=len(self.servers))
+
+    def _server_ready(self, server: SupervisedServer) -> None:
+        """A server answers (its first start or a restart): pages go to it at once; from
+        its first answer on, its supervisor keeps it running."""
+        self._ready_once = True
+        self._first_up.set()
+        self._client.server_up(server.url)
+        if server not in self._supervised:
+            self._supervise(server)
+
+    def _supervise(self, server: SupervisedServer) -> None:
+        self._supervised.add(server)
+        self._supervisors.append(asyncio.create_task(
+            server.supervise(), name=f"vllm-server-supervisor-{server.spec.name}"))
+
+    async def _stop_starting(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._starting
 
     async def _start_mps(self, sharing: Counter, env: dict[str, str]) -> None:
         """An MPS control daemon for each group of GPUs that servers share (mps null) or
@@ -230,13 +270,25 @@ class ManagedServerEngine(Engine):
         name = "gpus-" + (spec.devices or "all").replace(",", "+") + ".lock"
         return {plugin.START_LOCK_ENV: os.path.join(self._gate_dir, name)}
 
-    @staticmethod
-    async def _start_group(servers: list[SupervisedServer], at_once: bool) -> None:
+    async def _start_group(self, servers: list[SupervisedServer], at_once: bool) -> None:
         if at_once:  # their engine cores take turns at the gate
-            await asyncio.gather(*(server.start() for server in servers))
+            await asyncio.gather(*(self._first_start(server) for server in servers))
             return
         for server in servers:  # one after another on the same GPUs
+            await self._first_start(server)
+
+    async def _first_start(self, server: SupervisedServer) -> None:
+        """A server's first start. One that fails before any server answers fails the
+        engine's start; one that fails after is started again (and, failing every time,
+        is dead, as a server that dies and never comes back)."""
+        try:
             await server.start()
+        except EngineDead as e:
+            if not self._ready_once or self._closing or server.closing:
+                raise
+            log.error("vllm_server_start_failed", server=server.spec.name, error=str(e)[:2000])
+            # (the next of a group starts once this one answers, or is given up)
+            await server.start_again(failed_starts=1)
 
     def command(self, spec: ServerSpec | None = None) -> list[str]:
         """What runs for a server (the first by default): `vllm serve MODEL FLAGS...`."""
@@ -249,6 +301,9 @@ class ManagedServerEngine(Engine):
         group (SIGTERM, then SIGKILL)."""
         self._closing = True
         await self._client.close()
+        for server in self.servers:  # a server still starting stops waiting
+            server.closing = True
+        await self._stop_starting()
         supervisors, self._supervisors = self._supervisors, []
         for task in supervisors:
             task.cancel()

@@ -1,10 +1,11 @@
 """One local `vllm serve` process, started and kept running by ocrd.
 
-start() launches it in its own session and waits until it answers /health; supervise()
-then restarts it whenever it exits or stops answering (with backoff, up to
-MAX_FAILED_STARTS starts in a row that never become ready, after which it counts as
-dead); stop() ends its whole process group, SIGTERM then SIGKILL, so that no process is
-left holding the GPU. ocrd/engines/vllm/managed.py runs one of these per server.
+start() launches it in its own session and waits until it answers /health (and tells
+its engine, `ready`); supervise() then restarts it whenever it exits or stops answering
+(start_again: with backoff, up to MAX_FAILED_STARTS starts in a row that never become
+ready, after which it counts as dead); stop() ends its whole process group, SIGTERM then
+SIGKILL, so that no process is left holding the GPU. ocrd/engines/vllm/managed.py runs one
+of these per server.
 """
 
 from __future__ import annotations
@@ -93,13 +94,15 @@ class SupervisedServer:
     def __init__(self, spec: ServerSpec, args: list[str], env: dict[str, str],
                  probe: Callable[[str, float], Awaitable[int | None]],
                  program: list[str] | None = None, mps: dict[str, str] | None = None,
-                 ) -> None:
+                 ready: Callable[[SupervisedServer], None] | None = None) -> None:
         """`probe(url, timeout)`: the HTTP status of a GET, None without an answer (the
         remote engine's probe_status). `mps`: the variables of its GPUs' MPS control
         daemon (ocrd/engines/vllm/mps.py), which was started with the devices: the server
         then gets no CUDA_VISIBLE_DEVICES (MPS numbers a client's devices from the
-        daemon's)."""
+        daemon's). `ready(server)`: called each time it comes to answer (its first start
+        and every restart)."""
         self.spec = spec
+        self.ready = ready
         self.probe = probe
         self.url = spec.url
         self.args = args
@@ -160,6 +163,8 @@ class SupervisedServer:
                              "their memory at the same time")
         log.info("vllm_server_ready", server=self.spec.name, url=self.url, pid=self.proc.pid,
                  seconds=round(seconds, 1), restarts=self.restarts)
+        if self.ready is not None:
+            self.ready(self)
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, t0: float) -> None:
         while True:
@@ -206,7 +211,6 @@ class SupervisedServer:
 
     async def supervise(self) -> None:
         """Restart the server whenever it exits or stops answering, until stop()."""
-        failed_starts = 0
         while not self.closing:
             proc = self.proc
             assert proc is not None
@@ -217,24 +221,33 @@ class SupervisedServer:
             log.error("vllm_server_exited", server=self.spec.name, pid=proc.pid,
                       code=proc.returncode, output=self.output_tail())
             await self.stop_process()  # whatever is left of its process group
-            while not self.closing:
-                delay = min(RESTART_BACKOFF_MAX_SECONDS,
-                            RESTART_BACKOFF_SECONDS * 2 ** failed_starts)
-                await asyncio.sleep(delay)
-                self.restarts += 1
-                try:
-                    await self.start()
-                except EngineDead as e:
-                    failed_starts += 1
-                    log.error("vllm_server_restart_failed", server=self.spec.name,
-                              attempt=failed_starts, error=str(e)[:2000])
-                    if failed_starts >= MAX_FAILED_STARTS:
-                        self.dead = (f"vllm serve ({self.spec.name}) failed to start "
-                                     f"{failed_starts} times in a row; see the log")
-                        return
-                else:
-                    failed_starts = 0
-                    break
+            if not await self.start_again(0):
+                return
+
+    async def start_again(self, failed_starts: int) -> bool:
+        """Start the server until it answers, pausing longer after each start that
+        failed; False when it is given up (dead, after MAX_FAILED_STARTS in a row) or
+        closing."""
+        while not self.closing:
+            delay = min(RESTART_BACKOFF_MAX_SECONDS,
+                        RESTART_BACKOFF_SECONDS * 2 ** failed_starts)
+            await asyncio.sleep(delay)
+            if self.closing:
+                return False
+            self.restarts += 1
+            try:
+                await self.start()
+            except EngineDead as e:
+                failed_starts += 1
+                log.error("vllm_server_restart_failed", server=self.spec.name,
+                          attempt=failed_starts, error=str(e)[:2000])
+                if failed_starts >= MAX_FAILED_STARTS:
+                    self.dead = (f"vllm serve ({self.spec.name}) failed to start "
+                                 f"{failed_starts} times in a row; see the log")
+                    return False
+            else:
+                return True
+        return False
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         """Return when the server exits; kill it when /health fails too often in a row."""
