@@ -32,12 +32,16 @@ def with_index(gpu: Gpu, index: int) -> Gpu:
 
 
 def test_a_big_hopper_gpu_gets_two_servers_under_mps_with_the_measured_settings() -> None:
-    for gpu in (H200, H100):
+    # as many pages per server as its share of the KV cache holds whole: an H100's share
+    # (434,544 tokens measured) holds about 200 pages of ~2,100 tokens, an H200's 384
+    for gpu, seqs in ((H200, 384), (H100, 192)):
         p = choose([gpu], cpus=16)
         assert p.name == "hopper-80g"
         assert p.settings == {"mode": "managed", "servers_per_gpu": 2, "api_servers": 8,
-                              "max_num_seqs": 384, "gpu_memory_utilization": 0.85, "gpus": []}
+                              "max_num_seqs": seqs, "gpu_memory_utilization": 0.85,
+                              "gpus": []}
         assert "two servers per GPU" in p.reason and gpu.name in p.reason
+        assert f"{seqs} pages each" in p.reason
 
 
 def test_front_ends_follow_the_cores_beside_each_gpu() -> None:

@@ -25,6 +25,10 @@ log = structlog.get_logger("ocrd.engine")
 GIB = 1024
 # A card sold as "80 GB" reports about 79-81 GiB; 24 GB cards about 23.5 GiB.
 BIG_GPU_MIB = 75 * GIB
+# A Hopper card this big (an H200) holds 384 whole pages per server in its share of the
+# KV cache; one of 80 GB (an H100) about 200: more sequences than the cache holds are
+# preempted and computed again, and pages per second fall as the backlog grows.
+ROOMY_GPU_MIB = 120 * GIB
 MID_GPU_MIB = 22 * GIB
 HOPPER = (9, 0)
 # Keys of a profile that only make sense when ocrd starts `vllm serve` itself.
@@ -76,9 +80,11 @@ def choose(gpus: list[Gpu], cpus: int | None = None) -> Profile:
     what = f"{count} × {first.name}, {gib} GiB" + (f", compute {cap[0]}.{cap[1]}" if cap else "")
     if first.memory_mib >= BIG_GPU_MIB and cap is not None and cap >= HOPPER:
         front = front_ends_per_gpu(cpus, count, 2)
-        return Profile("hopper-80g", f"{what}: two servers per GPU under CUDA MPS", {
+        seqs = 384 if first.memory_mib >= ROOMY_GPU_MIB else 192
+        return Profile("hopper-80g", f"{what}: two servers per GPU under CUDA MPS, {seqs} "
+                       "pages each", {
             "mode": "managed", "servers_per_gpu": 2, "api_servers": front,
-            "max_num_seqs": 384, "gpu_memory_utilization": 0.85,
+            "max_num_seqs": seqs, "gpu_memory_utilization": 0.85,
             "gpus": indices if count > 1 else []})
     if first.memory_mib >= MID_GPU_MIB:
         front = front_ends_per_gpu(cpus, count, 1)
