@@ -5,6 +5,7 @@ lines, and list markers read as a block of their own put back beside their items
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from dataclasses import dataclass
@@ -46,10 +47,13 @@ def token_em(t: Token) -> float | None:
     """The font size a word's box suggests: its height over the share of an em that its
     letters span (from the highest top to the lowest descender); None for words with
     brackets or without letters, whose boxes say little."""
-    text = t.text
+    return _em(t.text, t.box[3] - t.box[1])
+
+
+@functools.lru_cache(maxsize=1 << 14)  # the layout asks for each word's many times
+def _em(text: str, h: int) -> float | None:
     if not ALNUM.search(text) or any(c in _TALL_MARKS for c in text):
         return None
-    h = t.box[3] - t.box[1]
     if any(ord(c) > 0x2E80 for c in text):
         return h / 0.9
     top = max((_top(c) for c in text if c.isalnum()), default=0.5)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from PIL import Image, ImageFilter
+from PIL import Image, ImageChops
 
 # A band of rows rendered at once (grey bytes); the page's own buffer is the only full
 # copy.
@@ -173,8 +173,26 @@ def stroke_width(image: Image.Image, box: tuple[int, int, int, int]) -> float | 
     count = dark.histogram()[255]
     if count > 0.5 * dark.width * dark.height:
         return None  # light text on a dark ground: its strokes are the light pixels
-    inner = dark.filter(ImageFilter.MinFilter(3)).histogram()[255]
+    inner = erode3(dark).histogram()[255]
     return 2 * count / (count - inner) if count > inner else None
+
+
+def erode3(image: Image.Image) -> Image.Image:
+    """An L image's 3 × 3 minimum, its edges repeated beyond it: what
+    ImageFilter.MinFilter(3) gives, as two passes of three shifted copies (a fraction of
+    the rank filter's time)."""
+    w, h = image.size
+    padded = Image.new("L", (w + 2, h + 2))
+    padded.paste(image, (1, 1))
+    padded.paste(image.crop((0, 0, w, 1)), (1, 0))
+    padded.paste(image.crop((0, h - 1, w, h)), (1, h + 1))
+    padded.paste(padded.crop((1, 0, 2, h + 2)), (0, 0))
+    padded.paste(padded.crop((w, 0, w + 1, h + 2)), (w + 1, 0))
+    darker = ImageChops.darker
+    rows = darker(darker(padded.crop((0, 0, w, h + 2)), padded.crop((1, 0, w + 1, h + 2))),
+                  padded.crop((2, 0, w + 2, h + 2)))
+    return darker(darker(rows.crop((0, 0, w, h)), rows.crop((0, 1, w, h + 1))),
+                  rows.crop((0, 2, w, h + 2)))
 
 
 def band_image(mode: str, width: int, height: int, data: bytes | bytearray,
