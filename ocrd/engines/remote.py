@@ -221,6 +221,8 @@ class _Server:
     requests: set[asyncio.Task] = field(default_factory=set)  # in flight on it
     canary: asyncio.Future | None = None  # the canary in flight, shared
     recovery: asyncio.Task | None = None  # canaries while sick
+    # not started yet (a managed server still loading): no pages until server_up()
+    starting: bool = False
 
     def is_down(self, now: float) -> bool:
         return self.failures > 0 and now < self.down_until
@@ -578,13 +580,22 @@ class RemoteEngine(Engine):
         raise EngineUnavailable("no OCR server took the page after "
                                 f"{tries} tries: " + "; ".join(errors[-len(self.servers):]))
 
+    def server_starting(self, url: str) -> None:
+        """The server at `url` is still starting: no page goes to it (to be refused)
+        until server_up()."""
+        for s in self.servers:
+            if s.url == url:
+                s.starting = True
+
     def server_up(self, url: str) -> None:
         """The server at `url` answers now (it started, or started again): pages go to
         it at once, not only once its back-off from the refusals meanwhile ends."""
         for s in self.servers:
-            if s.url == url and s.sick is None:
-                s.answered()
-                s.down_until = 0.0
+            if s.url == url:
+                s.starting = False
+                if s.sick is None:
+                    s.answered()
+                    s.down_until = 0.0
         self._slot_freed.set()  # pages waiting for a slot may take one of its
 
     def has_well_server(self) -> bool:
@@ -602,7 +613,9 @@ class RemoteEngine(Engine):
         while True:
             if self._closing:
                 raise EngineUnavailable("the remote engine is shutting down")
-            well = [s for s in self.servers if s.sick is None]
+            well = [s for s in self.servers if s.sick is None and not s.starting]
+            if not well and all(s.starting for s in self.servers if s.sick is None):
+                raise EngineUnavailable("no OCR server is up yet")
             if not well:
                 raise EngineUnavailable("every OCR server is sick: " + "; ".join(
                     f"{s.url}: {s.sick}" for s in self.servers))

@@ -320,7 +320,11 @@ def test_ready_with_the_first_server_and_the_others_join(
         await engine.start()
         try:
             facts["up_at_start"] = [s.up for s in engine.servers]
-            first = await asyncio.gather(*(engine.ocr(page(n)) for n in range(8)))
+            with structlog.testing.capture_logs() as logs:
+                first = await asyncio.gather(*(engine.ocr(page(n)) for n in range(8)))
+            # none was sent to the server still loading, to be refused and sent again
+            facts["refused"] = [e for e in logs if e["event"] == "remote_request_failed"
+                                and e["url"] == engine.specs[1].url]
             facts["first"] = ([len(first)], {s.url: s.pages for s in engine._client.servers})
             # the client has tried the loading server meanwhile: it is down for a while
             await engine.health()
@@ -338,7 +342,7 @@ def test_ready_with_the_first_server_and_the_others_join(
     engine, facts = asyncio.run(asyncio.wait_for(run(), 90))
     zero, one = (s.url for s in engine.specs)
     assert facts["up_at_start"] == [True, False]
-    assert facts["first"] == ([8], {zero: 8, one: 0})
+    assert facts["first"] == ([8], {zero: 8, one: 0}) and facts["refused"] == []
     assert facts["supervised"] == 2
     assert facts["after"][one] > 0 and sum(facts["after"].values()) == 16
     assert engine.restarts == 0

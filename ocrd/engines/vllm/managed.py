@@ -212,6 +212,9 @@ class ManagedServerEngine(Engine):
                     up.cancel()
             if self._starting.done():
                 self._starting.result()  # a server that failed before any answered
+            for server in self.servers:  # (mark before the probe: one may come up meanwhile)
+                if not server.up:
+                    self._client.server_starting(server.url)
             await self._client.start()  # checks that the servers serve cfg.model
         except BaseException:
             await self._stop_all()
