@@ -72,6 +72,7 @@ if [ "${1:-}" = steady ]; then  # bench/gpu/steady.py: files arriving at fixed r
   echo "STEADY rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "^STEADY|Traceback|Error" "$OUTD/log_steady.txt" | cut -c1-900 | tail -n 30
   python3 bench/gpu/run.py cleanup --work "$W/bench"
+  gzip -c "$W/bench/steady/daemon/daemon.log" > "$OUTD/daemon_steady.log.gz" 2>/dev/null
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   exit 0
 fi

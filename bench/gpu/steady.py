@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -277,7 +278,9 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
         turn[a.pages] = turn.get(a.pages, -1) + 1
         return pool[a.pages][turn[a.pages] % len(pool[a.pages])]
 
-    d = GpuDaemon(args.work / "steady", engine, env, quiet_seconds=1.0)
+    # (WORK/steady/daemon: its sessions land in WORK/sessions.txt, where `run.py cleanup`
+    # looks for what a cut run left running)
+    d = GpuDaemon(args.work / "steady" / "daemon", engine, env, quiet_seconds=1.0)
     if args.tiny:  # a shared CPU machine: its ports may be taken
         d.config.update(metrics={"listen": None}, web={"listen": None})
     result: dict[str, Any] = {}
@@ -332,6 +335,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    # a time limit's SIGTERM unwinds (the finally blocks stop the daemon and its servers)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run_gpu(args) if args.gpu else run_simulated(args)
     text = json.dumps(result, indent=1)
     if args.out:
