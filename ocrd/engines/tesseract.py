@@ -42,7 +42,7 @@ def _languages(binary: str) -> set[str]:
     """The languages whose data tesseract finds (`--list-langs`, which honours
     TESSDATA_PREFIX)."""
     out = subprocess.run([binary, "--list-langs"], capture_output=True, timeout=60,
-                         check=False).stdout
+                         check=False, start_new_session=True).stdout
     lines = out.decode(errors="replace").splitlines()
     return {line.strip() for line in lines if line.strip() and not line.startswith("List of")}
 
@@ -115,7 +115,7 @@ class TesseractEngine(Engine):
             raise EngineDead(NOT_INSTALLED)
         proc = await asyncio.create_subprocess_exec(
             self.binary, "--version", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         out, _ = await proc.communicate()
         first = out.decode(errors="replace").splitlines()[:1]
         self.version = first[0].split()[-1] if first else "?"
@@ -297,9 +297,12 @@ def self_test(cfg: TesseractConfig, binary: str | None = None) -> list[str]:
         return [f"engine.kind: tesseract: {NOT_INSTALLED}"]
     env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
     try:
+        # (its own session, as --list-langs and --version at the start: a Ctrl-C in the
+        # terminal while the daemon starts stops the daemon, and is not read as a
+        # tesseract that cannot read a page)
         r = subprocess.run([binary, "stdin", "stdout", *read_args(cfg, 300)],
                            input=pnm(sample_page()), capture_output=True, env=env,
-                           timeout=SELF_TEST_SECONDS, check=False)
+                           timeout=SELF_TEST_SECONDS, check=False, start_new_session=True)
     except (OSError, subprocess.TimeoutExpired) as e:
         return [f"engine.tesseract: tesseract ({binary}) did not read a test page ({e})"]
     said = r.stderr.decode(errors="replace")

@@ -137,3 +137,29 @@ def test_the_daemon_refuses_to_start_with_a_broken_setup(tmp_path: Path) -> None
         said = " ".join(unusable["problems"])
         assert "fails on a test page" in said and "TESSDATA_PREFIX" in said
         assert not d.events("engine_started")
+
+
+def test_the_start_checks_run_tesseract_out_of_the_terminals_reach(tmp_path: Path) -> None:
+    """A Ctrl-C in the terminal goes to its whole process group: tesseract run by the
+    start's checks (--version, --list-langs, the test page) in ocrd's group would die of
+    it and read as a broken setup (the daemon stopping with engine_dead, exit 1, instead
+    of stopping as asked). Each runs in a session of its own."""
+    record = tmp_path / "sessions"
+    fake = tmp_path / "tesseract"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import os, sys\n"
+                    f"open({str(record)!r}, 'a').write(f'{{os.getsid(0)}}\\n')\n"
+                    "sys.stdin.buffer.read() if 'stdin' in sys.argv else None\n"
+                    "print('List of available languages (1):\\neng' if '--list-langs' in "
+                    "sys.argv else 'tesseract 5.3.0')\n")
+    fake.chmod(0o755)
+    cfg = EngineConfig.model_validate({"kind": "tesseract", "tesseract": {"lang": "eng"}})
+    engine = TesseractEngine(cfg)
+    engine.binary = str(fake)
+    engine.orientation = False
+    with pytest.raises(errors.EngineDead):  # the fake reads no page: its output is no TSV
+        asyncio.run(engine.start())
+    tesseract.self_test(cfg.tesseract, str(fake))
+    sessions = [int(x) for x in record.read_text().split()]
+    assert len(sessions) == 4, sessions  # --version, --list-langs, the test page twice
+    assert os.getsid(0) not in sessions
