@@ -61,28 +61,37 @@ class FakeVllm:
     connections: int = 0  # accepted (TLS handshakes that failed included)
     _server: asyncio.Server | None = None
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    _life: int = 0  # counts start()s and stop()s: a connection belongs to one life
 
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
 
     async def start(self) -> FakeVllm:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port,
-                                                  ssl=self.tls)
+        self._life += 1
+        life = self._life
+        self._server = await asyncio.start_server(
+            lambda r, w: self._handle(r, w, life), "127.0.0.1", self.port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:
         """Stop, as a server that exits does: new connections are refused from now on,
-        and open ones are closed."""
+        and open ones are closed — those the event loop accepted and has not handed to
+        _handle yet too (each is closed as soon as it is)."""
+        self._life += 1
         if self._server is not None:
             self._server.close()
             self._server = None
         for writer in list(self._writers):
             writer.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      life: int) -> None:
         self.connections += 1
+        if life != self._life:  # accepted before a stop(): that server is gone
+            writer.close()
+            return
         self._writers.add(writer)
         try:
             while await self._exchange(reader, writer):
