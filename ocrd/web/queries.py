@@ -32,14 +32,13 @@ def search_results(ctx: Context, text: str, limit: int, offset: int
     query = Query.parse(text)
     if not query.match:
         return [], 0, "Type one or more words to find." if text else None
-    index = ctx.store.search_index()
-    if index is None:
-        return [], 0, "The search index is being built; try again in a moment."
     try:
-        hits, total = index.search(query, limit, offset)
+        found = ctx.store.search(query, limit, offset)
     except sqlite3.DatabaseError:  # damaged: the indexer removes and rebuilds it
-        ctx.store.forget_search_index()
         return [], 0, "The search index is being rebuilt; try again in a while."
+    if found is None:
+        return [], 0, "The search index is being built; try again in a moment."
+    hits, total = found
     jobs = ctx.store.journal().names_of(sorted({h.job_id for h in hits}))
     out = []
     for hit in hits:

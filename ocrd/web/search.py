@@ -9,8 +9,9 @@ phrase of adjacent characters: "東京" finds "東京都", and a one-character q
 (a trigram index would need three). The index is disposable: a damaged one is removed and
 rebuilt from the outbox, and one that is deleted or replaced is let go of (each
 connection knows the file it opened by its device and inode, as config/roots.py knows
-folders) and rebuilt or taken as it is: by the indexer within a round, by each console
-thread at its next search.
+folders) and rebuilt or taken as it is: by the indexer within a round, which also closes
+the console threads' idle connections to the old file (its space comes back then), and
+by a console thread at its next search.
 """
 
 from __future__ import annotations
@@ -221,10 +222,14 @@ def identity(path: Path) -> tuple[int, int] | None:
 
 
 class SearchIndex:
-    """The index file. One connection per thread; writes from the indexer only."""
+    """The index file. One connection per thread; writes from the indexer only. `lock`
+    is held while the connection is used: another thread may close an idle connection
+    to a file that is gone (Store.let_go_of_stale_readers)."""
 
     def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
+        self.lock = threading.Lock()
+        self.closed = False
         if readonly:
             self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5,
                                       check_same_thread=False)
@@ -258,6 +263,7 @@ class SearchIndex:
         return cls(path)
 
     def close(self) -> None:
+        self.closed = True
         self.db.close()
 
     # -- writing ------------------------------------------------------------------------
@@ -353,10 +359,12 @@ class Indexer:
 
     def __init__(self, path: Path, rows: Callable[[tuple[float, int], int], list],
                  read: Callable[[object], str | None], every: float = 2.0,
-                 batch: int = 50) -> None:
+                 batch: int = 50, each_round: Callable[[], None] | None = None) -> None:
         self.path = path
         self.rows = rows  # ((finished, id), limit) -> the done Jobs after it, in order
         self.read = read  # Job -> its Markdown, or None
+        # called after every round (the console lets go of readers of a file that is gone)
+        self.each_round = each_round
         self.every = every
         self.batch = batch
         self.indexed = 0
@@ -406,6 +414,8 @@ class Indexer:
                     if said is not None:
                         log.info("search_index_resumed")
                         said = None
+                if self.each_round is not None:
+                    self.each_round()
             except Exception as e:  # noqa: BLE001 - search must never stop the daemon
                 if said != repr(e):
                     log.warning("search_index_failed", error=repr(e))

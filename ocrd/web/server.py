@@ -44,7 +44,8 @@ class Console:
                            token, load_secret(cfg.state_dir))
         self.indexer = Indexer(store.search_path,
                                lambda after, n: store.journal().done_after(*after, n),
-                               lambda job: store.text(job, ".md")) if web.search else None
+                               lambda job: store.text(job, ".md"),
+                               each_round=store.let_go_of_stale_readers) if web.search else None
         self.address: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

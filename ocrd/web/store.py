@@ -14,8 +14,10 @@ import contextlib
 import json
 import os
 import re
+import sqlite3
 import stat
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from ocrd.config.roots import Roots
 from ocrd.config.settings import Config, InboxConfig
 from ocrd.render.previews import SIZES, Previews
 from ocrd.safefs import fd_path
-from ocrd.web.search import SearchIndex
+from ocrd.web.search import Hit, Query, SearchIndex
 from ocrd.work.journal import OPEN_STATES, FileFilter, Job, Journal
 
 _FIGURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
@@ -97,6 +99,9 @@ class Store:
         self.journal_path = cfg.state_dir / "journal.sqlite3"
         self.search_path = cfg.state_dir / "search.sqlite3"
         self._local = threading.local()
+        # every thread's search connection (a thread that ends takes its own with it)
+        self._readers: weakref.WeakSet[SearchIndex] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()
 
     # -- journal ------------------------------------------------------------------------
 
@@ -107,25 +112,57 @@ class Store:
             journal = self._local.journal = Journal(self.journal_path, readonly=True)
         return journal
 
-    def search_index(self) -> SearchIndex | None:
-        """This thread's read-only connection to the search index (None: not there yet),
-        opened again when the file is not the one it has open (deleted, rebuilt)."""
+    def search(self, query: Query, limit: int, offset: int
+               ) -> tuple[list[Hit], int] | None:
+        """SearchIndex.search on this thread's read-only connection to the index (None:
+        there is no index yet), opened again when the file is not the one it has open
+        (deleted, rebuilt) and closed after a search that finds it so. A damaged index
+        raises sqlite3.DatabaseError, its connection closed (the indexer rebuilds it)."""
+        for _ in range(3):
+            index = self._search_index()
+            if index is None:
+                return None
+            with index.lock:
+                if index.closed:  # let go of by another thread meanwhile: open anew
+                    continue
+                try:
+                    return index.search(query, limit, offset)
+                except sqlite3.DatabaseError:
+                    index.close()
+                    raise
+                finally:
+                    if not index.closed and not index.current():
+                        index.close()
+        return None
+
+    def _search_index(self) -> SearchIndex | None:
         index = getattr(self._local, "search", None)
-        if index is not None and not index.current():
-            self.forget_search_index()
-            index = None
+        if index is not None and (index.closed or not index.current()):
+            with index.lock:
+                if not index.closed:
+                    index.close()
+            index = self._local.search = None
         if index is None:
             if not self.search_path.exists():
                 return None
             index = self._local.search = SearchIndex(self.search_path, readonly=True)
+            with self._readers_lock:
+                self._readers.add(index)
         return index
 
-    def forget_search_index(self) -> None:
-        """Close this thread's connection (the file was found damaged or replaced)."""
-        index = getattr(self._local, "search", None)
-        if index is not None:
-            index.close()
-            self._local.search = None
+    def let_go_of_stale_readers(self) -> None:
+        """Close every thread's idle connection to an index file that is no longer at
+        its path: the file's space comes back without waiting for the thread to search
+        again or to end. (One in use is closed by its thread when its search ends.)"""
+        with self._readers_lock:
+            readers = list(self._readers)
+        for index in readers:
+            if index.lock.acquire(blocking=False):
+                try:
+                    if not index.closed and not index.current():
+                        index.close()
+                finally:
+                    index.lock.release()
 
     def job(self, job_id: int) -> Job | None:
         return self.journal().get(job_id)

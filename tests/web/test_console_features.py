@@ -166,10 +166,48 @@ def test_a_deleted_index_comes_back_frees_its_space_and_every_thread_sees_it(
             totals = list(pool.map(lambda w: site.json(f"/api/search?q={w}")["total"],
                                    ["zeppelin", "quarterly"] * 16))
         assert totals == [1] * 32, totals
-        # the deleted file is let go of: its space comes back (console threads that do
-        # not search again let go of theirs when they end, idle)
+        # the deleted file is let go of: its space comes back (the indexer's round
+        # closes the idle threads' connections to it)
         wait_for(lambda: not _open_deleted(path), 40, "no descriptor on the deleted index")
     finally:
+        site.stop()
+
+
+def test_threads_that_stay_alive_and_idle_let_go_of_a_deleted_index(tmp_path: Path) -> None:
+    """Console threads that searched and then wait (alive, not searching again) hold no
+    descriptor on an index file deleted meanwhile once the indexer has had a round: its
+    space comes back without a restart and without waiting for them."""
+    import threading
+
+    site = build(tmp_path)
+    assert site.console is not None
+    store = site.console.ctx.store
+    path = site.cfg.state_dir / "search.sqlite3"
+    release = threading.Event()
+    searched = threading.Barrier(5)
+
+    def reader() -> None:
+        assert store.search(Query.parse("quarterly"), 10, 0) is not None
+        searched.wait(30)
+        release.wait(60)  # alive and idle, its connection kept in its thread
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    try:
+        wait_for(lambda: site.json("/api/search?q=quarterly")["total"] == 1, 30, "indexed")
+        for t in threads:
+            t.start()
+        searched.wait(30)
+        assert _open_deleted(path) == []
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + suffix).unlink()
+        assert _open_deleted(path)  # the readers (and the indexer) hold it now
+        wait_for(lambda: not _open_deleted(path), 20, "no descriptor on the deleted index")
+        assert all(t.is_alive() for t in threads)  # let go of while alive, not by ending
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
         site.stop()
 
 
