@@ -75,6 +75,12 @@ def recorded(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
+async def all_up(engine: ManagedServerEngine) -> None:
+    """Until every server answers (the engine is ready with the first; the others join)."""
+    while not all(s.up for s in engine.servers):
+        await asyncio.sleep(0.05)
+
+
 async def convert_waiting(engine: ManagedServerEngine, p: PageRequest) -> PageOutput:
     """As the daemon does: a page that meets EngineUnavailable waits at the engine gate
     (which polls health()) and is sent again; any other error fails it."""
@@ -411,6 +417,7 @@ def test_servers_sharing_a_gpu_start_at_once_and_size_their_memory_in_turn(
         facts: dict[str, Any] = {}
         await engine.start()
         try:
+            await all_up(engine)
             facts["locks"] = [s.env.get("OCRD_VLLM_START_LOCK") for s in engine.servers]
             facts["ready_timeout"] = {s.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
                                       for s in engine.servers}
@@ -453,9 +460,8 @@ def test_without_the_gate_servers_sharing_a_gpu_start_one_after_another(
 
     async def run() -> ManagedServerEngine:
         engine = ManagedServerEngine(cfg, env=fake_env, program=FAKE, start_gate=False)
-        await engine.start()  # (with the first: the second joins)
-        while not all(s.up for s in engine.servers):
-            await asyncio.sleep(0.05)
+        await engine.start()
+        await all_up(engine)
         await engine.close()
         return engine
 
@@ -553,6 +559,7 @@ def test_servers_sharing_a_gpu_run_under_one_mps_daemon_per_gpu(
         await engine.start()
         facts: dict[str, Any] = {"describe": engine.describe()}
         try:
+            await all_up(engine)
             facts["folders"] = {d: c.folder for d, c in engine.mps.items()}
             facts["modes"] = [os.stat(f).st_mode & 0o777 for f in facts["folders"].values()]
             facts["pipes"] = [s.env.get("CUDA_MPS_PIPE_DIRECTORY") for s in engine.servers]
@@ -591,6 +598,7 @@ def test_mps_only_where_servers_share_a_gpu_or_asked_for(
         engine = ManagedServerEngine(cfg, env=mps_env, program=FAKE, mps_program=FAKE_MPS)
         await engine.start()
         try:
+            await all_up(engine)
             return {"mps": dict(engine.mps), "describe": engine.describe()["mps"],
                     "pages": await asyncio.gather(*(engine.ocr(page(n)) for n in range(2)))}
         finally:
@@ -625,8 +633,7 @@ def test_an_mps_daemon_that_cannot_start(mps_env: dict[str, str], model: str,
         await engine.start()
         try:
             assert engine.mps == {}
-            while not all(s.up for s in engine.servers):  # (ready with the first)
-                await asyncio.sleep(0.05)
+            await all_up(engine)
             return await asyncio.gather(*(engine.ocr(page(n)) for n in range(2)))
         finally:
             await engine.close()
