@@ -249,6 +249,73 @@ def test_a_page_scanned_askew_is_read_straight_its_words_laid_on_the_scan(
         is None
 
 
+@pytest.mark.e2e
+def test_a_page_upside_down_and_askew_turned_by_hand_has_its_words_on_the_scan(
+        tmp_path: Path) -> None:
+    """A page fed upside down and 2.5° askew, which a person said to read turned 180°
+    (the console's "turn this page", kept in the journal by the document's content):
+    ocrd straightens it, turns it, reads it upright, and lays every word of the text
+    layer back on the scan as it lies (the scan itself untouched)."""
+    from helpers import Daemon, drop, wait_for
+    from structure_pages import make_page, render
+
+    from ocrd.work.journal import Journal
+
+    drawn = render(make_page("prose", 4), 300, skew=2.5)
+    # cut to the text with a narrow margin: straightened, it needs a larger canvas
+    ink = ImageOps.invert(drawn.convert("L")).point(lambda v: 255 if v > 64 else 0).getbbox()
+    assert ink is not None
+    upright = drawn.crop((ink[0] - 12, ink[1] - 12, ink[2] + 12, ink[3] + 12))
+    scan = upright.rotate(180)
+    src = tmp_path / "upside.pdf"
+    scan.save(src, "PDF", resolution=300)
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    with Daemon(tmp_path / "d", engine={"kind": "tesseract",
+                                        "tesseract": {"orientation": False}}) as d:
+        d.config["inboxes"][0]["outputs"] = ["markdown", "pdf"]
+        state = Path(d.config["state_dir"])
+        state.mkdir(parents=True, exist_ok=True)
+        journal = Journal(state / "journal.sqlite3")
+        journal.set_turn(sha, 1, 180)
+        journal.close()
+        d.start()
+        drop(src, d.inbox / "upside.pdf")
+        wait_for((d.outbox / "upside.md").exists, 180, "upside.md")
+        meta = json.loads((d.outbox / "upside.json").read_text())
+        made = d.outbox / "upside.pdf"
+        markdown = (d.outbox / "upside.md").read_text()
+        page = meta["pages"][0]
+        assert page["rotation"] == 180 and page["turned_by"] == "hand"
+        assert abs(page["skew"] - 2.5) <= 0.11
+        assert abs(page["width"] - scan.width) <= 1 and abs(page["height"] - scan.height) <= 1
+        assert image_hashes(pikepdf.open(made), 0) == image_hashes(pikepdf.open(src), 0)
+        # read upright: the words tesseract reads on the page turned upright are there
+        seen = tesseract_words(upright)
+        assert recall([w.text for w in seen], markdown) >= 0.9
+        counts: dict[str, int] = {}
+        for w in seen:
+            counts[w.text] = counts.get(w.text, 0) + 1
+        laid: dict[str, list[list[float]]] = {}
+        for text, *box in bbox_words(made, 1):
+            laid.setdefault(text, []).append(box)
+    near = far = 0
+    width, height = scan.size
+    for w in seen:
+        if counts[w.text] != 1 or len(w.text) < 4 or len(laid.get(w.text, [])) != 1:
+            continue
+        # where the word lies on the scan: its box on the upright page, turned 180°
+        x0, y0, x1, y1 = (v * 72 / 300 for v in (width - w.box[2], height - w.box[3],
+                                                  width - w.box[0], height - w.box[1]))
+        g = laid[w.text][0]
+        tall = (y1 - y0) - (x1 - x0) * 0.0437  # the tilted box less its width's rise
+        off = max(abs((g[0] + g[2]) / 2 - (x0 + x1) / 2), abs((g[1] + g[3]) / 2 - (y0 + y1) / 2))
+        if off <= max(2.0, 0.4 * tall):
+            near += 1
+        else:
+            far += 1
+    assert near >= 40 and far <= near // 20, (near, far)
+
+
 def test_sidecars_with_the_pdf_match_the_schema(converted: dict, tmp_path: Path) -> None:
     from helpers import make_pdf
     from record_schemas import valid, validator
