@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ocrd.outputs.textlayer import FONT_NAME, GLYPHLESS_TTF, FontMap, PageLayer
+from ocrd.render.pdffaults import inherited
 
 LAYER_NAME = "OcrdLayer"
 _TEXT_SHOWING = {"Tj", "TJ", "'", '"'}
@@ -74,27 +75,18 @@ def layer_form(pdf: Any, layer: PageLayer, font: Any) -> Any:
     return pdf.make_indirect(form)
 
 
-def _inherited(page: Any, key: str) -> Any:
-    node, hops = page, 0
-    while node is not None and hops < 64:
-        if key in node:
-            return node[key]
-        node, hops = node.get("/Parent"), hops + 1
-    return None
-
-
 def display_matrix(page: Any) -> tuple[float, ...]:
     """The `cm` from the displayed page as 0..1 (y up) to the page's user space: its crop
     box (as PDFium renders it) turned by /Rotate."""
-    box = _inherited(page, "/CropBox") or _inherited(page, "/MediaBox")
-    media = _inherited(page, "/MediaBox")
+    box = inherited(page, "/CropBox") or inherited(page, "/MediaBox")
+    media = inherited(page, "/MediaBox")
     x0, y0, x1, y1 = (float(v) for v in (box if box is not None else media))
     if media is not None:  # the crop box as shown: inside the media box
         m = [float(v) for v in media]
         x0, x1 = max(min(x0, x1), min(m[0], m[2])), min(max(x0, x1), max(m[0], m[2]))
         y0, y1 = max(min(y0, y1), min(m[1], m[3])), min(max(y0, y1), max(m[1], m[3]))
     w, h = x1 - x0, y1 - y0
-    rotate = int(_inherited(page, "/Rotate") or 0) % 360
+    rotate = int(inherited(page, "/Rotate") or 0) % 360
     return {0: (w, 0, 0, h, x0, y0), 90: (0, h, -w, 0, x1, y0),
             180: (-w, 0, 0, -h, x1, y1), 270: (0, -h, w, 0, x0, y1)}.get(
                 rotate, (w, 0, 0, h, x0, y0))
@@ -106,7 +98,7 @@ def _own_resources(pdf: Any, page: Any) -> Any:
     dictionary of its own too."""
     from pikepdf import Dictionary
 
-    res = _inherited(page, "/Resources")
+    res = inherited(page, "/Resources")
     own = Dictionary({k: v for k, v in res.items()}) if res is not None else Dictionary()
     xobjects = own.get("/XObject")
     own["/XObject"] = Dictionary({k: v for k, v in xobjects.items()}) \
@@ -146,7 +138,7 @@ def strip_invisible_text(pdf: Any, page: Any) -> bool:
     own layer, OCRmyPDF's). True if there was any; visible text is kept."""
     import pikepdf
 
-    xobjects = (_inherited(page.obj, "/Resources") or {}).get("/XObject") or {}
+    xobjects = (inherited(page.obj, "/Resources") or {}).get("/XObject") or {}
     kept, mode, saved, removed = [], 0, [], False
     for operands, op in pikepdf.parse_content_stream(page):
         name = str(op)

@@ -129,35 +129,40 @@ def dark_box(image: Image.Image, box: tuple[int, int, int, int],
     """Where the dark pixels inside `box` of the image lie (page coordinates) and how
     many there are; None without any. `table`: what counts as dark (marks_table:
     whatever stands out from the paper)."""
-    left, top, right, bottom = box
-    left, top = max(0, left), max(0, top)
-    right, bottom = min(image.width, right), min(image.height, bottom)
-    if right <= left or bottom <= top:
+    clipped = _clipped(box, image.size)
+    if clipped is None:
         return None
-    crop = image.crop((left, top, right, bottom))
+    crop = image.crop(clipped)
     crop = crop if crop.mode == "L" else crop.convert("L")
-    dark = crop.point(_DARK if table is None else table)
-    found = dark.getbbox()
-    if found is None:
-        return None
-    return ((left + found[0], top + found[1], left + found[2], top + found[3]),
-            dark.histogram()[255])
+    return _found(crop.point(_DARK if table is None else table), clipped)
 
 
 def mark_box(marks: Image.Image, box: tuple[int, int, int, int],
              ) -> tuple[tuple[int, int, int, int], int] | None:
     """dark_box on a page's marks already found (255 where a mark is: marks_table)."""
-    left, top, right, bottom = box
-    left, top = max(0, left), max(0, top)
-    right, bottom = min(marks.width, right), min(marks.height, bottom)
-    if right <= left or bottom <= top:
+    clipped = _clipped(box, marks.size)
+    if clipped is None:
         return None
-    crop = marks.crop((left, top, right, bottom))
-    found = crop.getbbox()
+    return _found(marks.crop(clipped), clipped)
+
+
+def _clipped(box: tuple[int, int, int, int], size: tuple[int, int]
+             ) -> tuple[int, int, int, int] | None:
+    """The part of `box` on an image of `size`; None when none is."""
+    left, top = max(0, box[0]), max(0, box[1])
+    right, bottom = min(size[0], box[2]), min(size[1], box[3])
+    return None if right <= left or bottom <= top else (left, top, right, bottom)
+
+
+def _found(marks: Image.Image, at: tuple[int, int, int, int]
+           ) -> tuple[tuple[int, int, int, int], int] | None:
+    """Where the marks (255) of a crop taken `at` lie on the page, and how many."""
+    found = marks.getbbox()
     if found is None:
         return None
+    left, top = at[0], at[1]
     return ((left + found[0], top + found[1], left + found[2], top + found[3]),
-            crop.histogram()[255])
+            marks.histogram()[255])
 
 
 def stroke_width(image: Image.Image, box: tuple[int, int, int, int]) -> float | None:

@@ -105,14 +105,17 @@ def unreadable_content(source: Any, index: int, repaired: bool = False) -> str |
                 why = _undecodable(stream)
                 if why:
                     return f"its content stream cannot be decoded ({why})"
-            resources = _inherited(page, "/Resources")
+            resources = inherited(page, "/Resources")
             return _resources_problem(resources, 0) or \
                 _missing_resource(pdf.pages[index], resources)
     except Exception:  # noqa: BLE001 - the check is evidence only: no answer, no claim
         return None
 
 
-def _inherited(page: Any, key: str) -> Any:
+def inherited(page: Any, key: str) -> Any:
+    """A page's `key` (pikepdf), its own or the nearest of its /Parent page tree nodes'
+    (PDF 1.7, 7.7.3.4: /Resources, /MediaBox, /CropBox, /Rotate); None when none has it
+    (or the tree is 64 deep: a loop)."""
     node, hops = page, 0
     while node is not None and hops < 64:
         if key in node:

@@ -10,11 +10,14 @@ bench/intake.py, not here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from ocrd.config.load import parse_config
 from ocrd.config.settings import Config
@@ -137,22 +140,34 @@ def test_a_huge_inbox_is_taken_in_while_the_loop_turns(tmp_path: Path) -> None:
     assert sum(again.values()) == 1 and changed
 
 
+@contextlib.asynccontextmanager
+async def intake_of(cfg: Config) -> AsyncIterator[tuple[Inboxes, Any, Intake]]:
+    """The inboxes (the first configured one added), the intake loop on a real journal
+    and render pool, the engine open; all stopped and closed after."""
+    journal = Journal(cfg.state_dir / "journal.sqlite3")
+    inboxes = Inboxes("e" * 32, is_kept=lambda *_: False)
+    box = inboxes.add(cfg.inboxes[0])
+    pool = RenderPool(1)
+    await pool.start()
+    engine_open = asyncio.Event()
+    engine_open.set()
+    metrics = Metrics()
+    intake = Intake(cfg, inboxes, Claims(journal, metrics), pool, lambda item: None,
+                    engine_open, metrics, lambda: None)
+    try:
+        yield inboxes, box, intake
+    finally:
+        inboxes.stop()
+        await pool.close()
+        journal.close()
+
+
 def test_a_backlog_of_due_files_starts_a_bounded_number_of_checks(tmp_path: Path) -> None:
     cfg = config(tmp_path, on_success="delete", quiet_seconds=0)
     fill(tmp_path / "inbox", 1000)
 
     async def scenario() -> int:
-        journal = Journal(cfg.state_dir / "journal.sqlite3")
-        inboxes = Inboxes("e" * 32, is_kept=lambda *_: False)
-        box = inboxes.add(cfg.inboxes[0])
-        pool = RenderPool(1)
-        await pool.start()
-        engine_open = asyncio.Event()
-        engine_open.set()
-        metrics = Metrics()
-        intake = Intake(cfg, inboxes, Claims(journal, metrics), pool, lambda item: None,
-                        engine_open, metrics, lambda: None)
-        try:
+        async with intake_of(cfg) as (inboxes, box, intake):
             await inboxes.scan(box, lambda: None)
             assert len(box.tracker) == 1000
             box.next_scan = float("inf")  # no scan in the way: the checks alone
@@ -163,10 +178,6 @@ def test_a_backlog_of_due_files_starts_a_bounded_number_of_checks(tmp_path: Path
             await intake.stop()
             await running
             return started
-        finally:
-            inboxes.stop()
-            await pool.close()
-            journal.close()
 
     started = asyncio.run(scenario())
     assert 0 < started <= CHECKS_STARTED, started
@@ -181,17 +192,7 @@ def test_no_file_is_claimed_while_enough_wait_queued_for_the_engine(tmp_path: Pa
     queued = [CLAIMED_AHEAD]
 
     async def scenario() -> tuple[int, list[str], int]:
-        journal = Journal(cfg.state_dir / "journal.sqlite3")
-        inboxes = Inboxes("e" * 32, is_kept=lambda *_: False)
-        box = inboxes.add(cfg.inboxes[0])
-        pool = RenderPool(1)
-        await pool.start()
-        engine_open = asyncio.Event()
-        engine_open.set()
-        metrics = Metrics()
-        intake = Intake(cfg, inboxes, Claims(journal, metrics), pool, lambda item: None,
-                        engine_open, metrics, lambda: None)
-        try:
+        async with intake_of(cfg) as (inboxes, box, intake):
             await inboxes.scan(box, lambda: None)
             box.next_scan = float("inf")
             running = asyncio.create_task(intake.run(lambda: queued[0], lambda: 0))
@@ -208,10 +209,6 @@ def test_no_file_is_claimed_while_enough_wait_queued_for_the_engine(tmp_path: Pa
             await intake.stop()
             await running
             return held, reasons, started
-        finally:
-            inboxes.stop()
-            await pool.close()
-            journal.close()
 
     held, reasons, started = asyncio.run(scenario())
     assert held == 0 and set(reasons) == {"queued"}, reasons

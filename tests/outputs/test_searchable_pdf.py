@@ -139,6 +139,35 @@ def assert_words_on_their_boxes(pdf: Path, page: int, image: Image.Image, dpi: f
     return checked
 
 
+def laid_where_seen(seen: list[Any], made: Path,
+                    on_scan: Any) -> tuple[int, int]:
+    """(near, far): how many of the words tesseract `seen` on a 300-dpi page 2.5° askew
+    (each seen once, of four letters or more, laid once) the text layer of page 1 of
+    `made` lays where `on_scan(box)` puts them on the scan (the middles within 40 % of
+    the word's height, or 2 pt)."""
+    counts: dict[str, int] = {}
+    for w in seen:
+        counts[w.text] = counts.get(w.text, 0) + 1
+    laid: dict[str, list[list[float]]] = {}
+    for text, *box in bbox_words(made, 1):
+        laid.setdefault(text, []).append(box)
+    near = far = 0
+    for w in seen:
+        if counts[w.text] != 1 or len(w.text) < 4 or len(laid.get(w.text, [])) != 1:
+            continue
+        x0, y0, x1, y1 = (v * 72 / 300 for v in on_scan(w.box))
+        g = laid[w.text][0]
+        # tesseract's box holds the tilted word: taller than the word by its width's
+        # rise; the word's own height is what is left of it
+        height = (y1 - y0) - (x1 - x0) * 0.0437
+        off = max(abs((g[0] + g[2]) / 2 - (x0 + x1) / 2), abs((g[1] + g[3]) / 2 - (y0 + y1) / 2))
+        if off <= max(2.0, 0.4 * height):
+            near += 1
+        else:
+            far += 1
+    return near, far
+
+
 def image_hashes(pdf: pikepdf.Pdf, index: int) -> list[str]:
     xobjects = pdf.pages[index].obj.get("/Resources", {}).get("/XObject", {})
     return sorted(hashlib.sha256(x.read_raw_bytes()).hexdigest()
@@ -216,27 +245,7 @@ def test_a_page_scanned_askew_is_read_straight_its_words_laid_on_the_scan(
     assert abs(meta["pages"][0]["height"] - scan.height) <= 1
     made = out / "askew.pdf"
     assert image_hashes(pikepdf.open(made), 0) == image_hashes(pikepdf.open(src), 0)
-    seen = tesseract_words(scan)
-    counts: dict[str, int] = {}
-    for w in seen:
-        counts[w.text] = counts.get(w.text, 0) + 1
-    laid: dict[str, list[list[float]]] = {}
-    for text, *box in bbox_words(made, 1):
-        laid.setdefault(text, []).append(box)
-    near = far = 0
-    for w in seen:
-        if counts[w.text] != 1 or len(w.text) < 4 or len(laid.get(w.text, [])) != 1:
-            continue
-        x0, y0, x1, y1 = (v * 72 / 300 for v in w.box)
-        g = laid[w.text][0]
-        # tesseract's box holds the tilted word: taller than the word by its width's
-        # rise; the word's own height is what is left of it
-        height = (y1 - y0) - (x1 - x0) * 0.0437
-        off = max(abs((g[0] + g[2]) / 2 - (x0 + x1) / 2), abs((g[1] + g[3]) / 2 - (y0 + y1) / 2))
-        if off <= max(2.0, 0.4 * height):
-            near += 1
-        else:
-            far += 1
+    near, far = laid_where_seen(tesseract_words(scan), made, lambda box: box)
     assert near >= 40 and far <= near // 20, (near, far)
     # render.deskew: false reads the page as it lies
     config = tmp_path / "config.yaml"
@@ -292,27 +301,10 @@ def test_a_page_upside_down_and_askew_turned_by_hand_has_its_words_on_the_scan(
         # read upright: the words tesseract reads on the page turned upright are there
         seen = tesseract_words(upright)
         assert recall([w.text for w in seen], markdown) >= 0.9
-        counts: dict[str, int] = {}
-        for w in seen:
-            counts[w.text] = counts.get(w.text, 0) + 1
-        laid: dict[str, list[list[float]]] = {}
-        for text, *box in bbox_words(made, 1):
-            laid.setdefault(text, []).append(box)
-    near = far = 0
-    width, height = scan.size
-    for w in seen:
-        if counts[w.text] != 1 or len(w.text) < 4 or len(laid.get(w.text, [])) != 1:
-            continue
-        # where the word lies on the scan: its box on the upright page, turned 180°
-        x0, y0, x1, y1 = (v * 72 / 300 for v in (width - w.box[2], height - w.box[3],
-                                                  width - w.box[0], height - w.box[1]))
-        g = laid[w.text][0]
-        tall = (y1 - y0) - (x1 - x0) * 0.0437  # the tilted box less its width's rise
-        off = max(abs((g[0] + g[2]) / 2 - (x0 + x1) / 2), abs((g[1] + g[3]) / 2 - (y0 + y1) / 2))
-        if off <= max(2.0, 0.4 * tall):
-            near += 1
-        else:
-            far += 1
+        # where each word lies on the scan: its box on the upright page, turned 180°
+        width, height = scan.size
+        near, far = laid_where_seen(seen, made, lambda b: (width - b[2], height - b[3],
+                                                           width - b[0], height - b[1]))
     assert near >= 40 and far <= near // 20, (near, far)
 
 
