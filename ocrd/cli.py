@@ -19,7 +19,7 @@ from ocrd.config.folders import check_folders
 from ocrd.config.load import load_config, parse_config
 from ocrd.config.settings import Config, ConfigError
 from ocrd.errors import REASONS, ExitCode, exit_code_for
-from ocrd.names import printable, shown
+from ocrd.names import number, printable, shown
 from ocrd.outputs.records import iso, local_time
 from ocrd.service import owner
 
@@ -374,8 +374,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
         return NOTHING_TO_RETRY
     journal = Journal(path)
     try:
-        ids = [int(f) for f in args.files if f.isdigit()]
-        jobs = select(journal, ids=ids, paths=[f for f in args.files if not f.isdigit()],
+        ids = [n for f in args.files if (n := number(f)) is not None]
+        jobs = select(journal, ids=ids, paths=[f for f in args.files if number(f) is None],
                       reason=args.reason, everything=args.all)
         if not jobs:
             what = (f"no failed file has the reason {args.reason!r}" if args.reason
@@ -398,9 +398,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    n = number(text)
+    if n is None or n < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, got {text!r}")
-    return int(text)
+    return n
 
 
 def _convert_config(args: argparse.Namespace) -> Config:

@@ -11,6 +11,8 @@ or a log line — so every place a name leaves Python goes through here.
   sqlite3 shell, and what older journals hold), as a BLOB of its bytes when not.
 - `json_bytes(obj)`: JSON text, valid UTF-8, where a name's undecodable bytes become
   `\\udcXX` escapes; Python's json reads the same str back.
+- `number(text)`: the whole number a name (or a header, a form field, an argument)
+  writes in ASCII digits, or None: `str.isdigit()` says yes to "²", which int() refuses.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ import json
 import os
 import unicodedata
 from typing import Any
+
+# int() refuses a decimal string longer than sys.get_int_max_str_digits() (4300)
+MAX_DIGITS = 4000
+
+
+def number(text: str) -> int | None:
+    """The whole number `text` is, written in ASCII digits 0-9 and nothing else (no sign,
+    no space, at most MAX_DIGITS of them); None for anything else ("²", "٣", "", "-1")."""
+    if text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS:
+        return int(text)
+    return None
 
 
 def utf8(name: str) -> bool:

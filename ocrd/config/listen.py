@@ -9,6 +9,8 @@ import ipaddress
 import socket
 from typing import NamedTuple
 
+from ocrd.names import number
+
 EXAMPLES = "e.g. 127.0.0.1:9464, [::1]:9464, 0.0.0.0:9464 or localhost:9464"
 
 
@@ -25,14 +27,15 @@ class Address(NamedTuple):
 def parse(text: str) -> Address:
     """`HOST:PORT` with HOST an IPv4 address, an IPv6 address in brackets, or
     `localhost`. Raises ValueError with a sentence that says what is wrong."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    host, sep, digits = text.rpartition(":")
+    port = number(digits)
+    if not sep or port is None or not 0 <= port <= 65535:
         raise ValueError(f"must be HOST:PORT with a port from 0 to 65535 ({EXAMPLES}), "
                          f"got {text!r}")
     bracketed = host.startswith("[") and host.endswith("]")
     bare = host[1:-1] if bracketed else host
     if bare == "localhost":
-        return Address("127.0.0.1", int(port), socket.AF_INET)
+        return Address("127.0.0.1", port, socket.AF_INET)
     try:
         ip = ipaddress.ip_address(bare)
     except ValueError:
@@ -42,7 +45,7 @@ def parse(text: str) -> Address:
     if ip.version == 4 and bracketed:
         raise ValueError(f"brackets are for IPv6 addresses: {bare}:{port}")
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    return Address(str(ip), int(port), family)
+    return Address(str(ip), port, family)
 
 
 def bind_problem(addr: Address) -> str | None:

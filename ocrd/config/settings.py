@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ocrd.config import listen
 from ocrd.config.engine import CLASS_PATH, EngineConfig, _Strict, key_problem
+from ocrd.names import number
 
 # Names that are never documents: OS junk, sync-tool folders, partial downloads and
 # scanner temp files. Matched against each path component (fnmatch, case-insensitive).
@@ -159,7 +160,7 @@ class InboxConfig(_Strict):
     @field_validator("group")
     @classmethod
     def _group(cls, v: str | None) -> str | None:
-        if v is None or v.isdigit():
+        if v is None or number(v) is not None:
             return v
         try:
             grp.getgrnam(v)
@@ -207,7 +208,8 @@ class InboxConfig(_Strict):
     def gid(self) -> int | None:
         if self.group is None:
             return None
-        return int(self.group) if self.group.isdigit() else grp.getgrnam(self.group).gr_gid
+        gid = number(self.group)
+        return gid if gid is not None else grp.getgrnam(self.group).gr_gid
 
     def destinations(self) -> dict[str, Path]:
         out = {"outbox": self.outbox, "failed": self.failed}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
+from ocrd.names import number
 from ocrd.render import modes
 
 
@@ -187,8 +188,8 @@ def _remove_shared(prefix: str, only_dead_owners: bool = False) -> None:
         if not name.startswith(prefix):
             continue
         if only_dead_owners:
-            owner = name[len(SHARED_PREFIX):].split("-", 1)[0]
-            if not owner.isdigit() or _alive(int(owner)):
+            owner = number(name[len(SHARED_PREFIX):].split("-", 1)[0])
+            if owner is None or _alive(owner):
                 continue
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(SHARED_DIR, name))

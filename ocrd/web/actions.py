@@ -16,7 +16,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ocrd.names import printable, shown
+from ocrd.names import number, printable, shown
 from ocrd.web.auth import BodyTooLarge, Guard
 from ocrd.web.context import Context
 from ocrd.web.pages import set_flash
@@ -104,11 +104,11 @@ async def upload_form(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
     guard: Guard = request.scope["state"]["guard"]
     limit = ctx.cfg.web.upload_max_bytes
-    length = request.headers.get("content-length")
-    if length is None or not length.isdigit():
+    length = number(request.headers.get("content-length", ""))
+    if length is None:
         return PlainTextResponse("an upload needs a Content-Length\n", status_code=411,
                                  headers=CLOSE)
-    if int(length) > limit + FORM_OVERHEAD:
+    if length > limit + FORM_OVERHEAD:
         return _back("/upload", "bad", str(too_large(limit)), CLOSE)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return PlainTextResponse("an upload is a multipart/form-data form\n",

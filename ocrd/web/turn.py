@@ -22,7 +22,7 @@ import contextlib
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ocrd.names import shown
+from ocrd.names import number, shown
 from ocrd.render.previews import SIZES
 from ocrd.web.auth import Guard
 from ocrd.web.context import Context
@@ -51,10 +51,10 @@ async def turn_form(request: Request) -> Response:
                                  status_code=403)
     job_id, page = request.path_params["id"], request.path_params["page"]
     back = f"/files/{job_id}/pages/{page}"
-    rotation = values.get("rotation", "")
-    if not rotation.isdigit() or int(rotation) not in TURNS:
+    rotation = number(values.get("rotation", ""))
+    if rotation not in TURNS:
         return _back(back, "bad", "Choose how the page is to be turned.")
-    ok, text = await turn(ctx, job_id, page, int(rotation))
+    ok, text = await turn(ctx, job_id, page, rotation)
     return _back(back, "good" if ok else "bad", text)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import structlog
 
 from ocrd import errors, safefs
+from ocrd.names import number
 from ocrd.outputs import destinations
 from ocrd.work.area import OWNER_FILE, WORK_DIR_NAME, InboxView, host_id, mark_owner
 from ocrd.work.item import Item, claim_parts
@@ -177,7 +178,7 @@ class Recovery:
                 if entry == OWNER_FILE:
                     continue
                 st = area.lstat(entry)
-                if stat.S_ISDIR(st.st_mode) and entry.isdigit():
+                if stat.S_ISDIR(st.st_mode) and number(entry) is not None:
                     self._adopt_job(inbox, (instance, entry), known)
                 else:
                     self._foreign(inbox, (instance,), entry, known)
