@@ -239,9 +239,9 @@ def routes() -> list[Route]:
     return [
         Route("/api/status", status),
         Route("/api/files", files),
-        Route("/api/files/{id:int}", file),
-        Route("/api/files/{id:int}/retry", retry_endpoint, methods=["POST"]),
-        Route("/api/files/{id:int}/dismiss", dismiss_endpoint, methods=["POST"]),
+        Route("/api/files/{id:id}", file),
+        Route("/api/files/{id:id}/retry", retry_endpoint, methods=["POST"]),
+        Route("/api/files/{id:id}/dismiss", dismiss_endpoint, methods=["POST"]),
         Route("/api/failed/retry", retry_reason_endpoint, methods=["POST"]),
         Route("/api/search", search),
         Route("/api/openapi.json", openapi, include_in_schema=False),

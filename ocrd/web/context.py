@@ -1,4 +1,5 @@
-"""What every console request needs, built once when the console starts."""
+"""What every console request needs, built once when the console starts; and the one kind
+of number a console URL holds (`{id:id}`, `{page:id}`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,28 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from starlette.convertors import Convertor, register_url_convertor
+
 from ocrd.config.settings import Config
 from ocrd.live import Live
 from ocrd.web.store import Store
+
+
+class _Number(Convertor[int]):
+    """A journal row's id or a page number in a URL: 1 to 19 ASCII digits (as wide as a
+    signed 64-bit integer). A longer run matches no route (404) instead of reaching
+    int()'s limit on digits (Starlette's `int` convertor takes any number of them)."""
+
+    regex = "[0-9]{1,19}"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(int(value))
+
+
+register_url_convertor("id", _Number())
 
 
 @dataclass

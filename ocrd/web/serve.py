@@ -148,9 +148,9 @@ def favicon(request: Request) -> Response:
 
 def routes() -> list[Route]:
     return [
-        Route("/files/{id:int}/download/{kind}", download),
-        Route("/files/{id:int}/open/{kind}", inline),
-        Route("/files/{id:int}/assets/{name}", asset),
-        Route("/files/{id:int}/pages/{page:int}.jpg", preview),
+        Route("/files/{id:id}/download/{kind}", download),
+        Route("/files/{id:id}/open/{kind}", inline),
+        Route("/files/{id:id}/assets/{name}", asset),
+        Route("/files/{id:id}/pages/{page:id}.jpg", preview),
         Route("/favicon.ico", favicon),
     ]

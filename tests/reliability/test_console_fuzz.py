@@ -36,6 +36,7 @@ GET_ROUTES = [
 ]
 POST_ROUTES = [
     "/files/{id}/retry", "/files/{id}/dismiss", "/failed/retry", "/upload", "/login",
+    "/files/{id}/pages/{page}/turn",
     "/api/files/{id}/retry", "/api/files/{id}/dismiss", "/api/failed/retry",
 ]
 METHODS = ["GET"] * 6 + ["POST"] * 6 + ["HEAD", "PUT", "DELETE", "OPTIONS", "PATCH",
@@ -46,12 +47,13 @@ HOSTILE = ["", "0", "-1", "1", "2", "99999999999999999999", str(2**63), str(2**6
            "\x1b[2J", "a" * 3000, '"', "'", "<script>alert(1)</script>", "*", '"x', "a*",
            "NEAR(a b)", "a OR b", "東京", "done", "failed", "waiting", "degraded", "queued",
            "engine_failed", "unsupported_format", "fit", "100", "thumb", "page", "1",
-           "true", "yes", "/files", "//evil.example", "https://evil.example/", "\\\\x"]
+           "true", "yes", "/files", "//evil.example", "https://evil.example/", "\\\\x",
+           "\u00b2", "90", "180", "9" * 4400]
 NUMBERS = ["0", "-1", "1", "2", "50", "500", "501", "99999999999999999999", str(2**63),
            str(2**63 - 1), str(2**64), "-" + str(2**63 + 1), "1" * 300, "1e9", "0x10",
-           "NaN", " 1", "1_000", "\u0661", "", "x"]
+           "NaN", " 1", "1_000", "\u0661", "\u00b2", "9" * 4400, "", "x"]
 QUERY_KEYS = ["state", "inbox", "q", "page", "limit", "offset", "reason", "size", "zoom",
-              "cause_gone", "back", "csrf", "token", "x"]
+              "cause_gone", "back", "csrf", "token", "rotation", "x"]
 NUMBER_KEYS = ("page", "limit", "offset")
 
 
