@@ -44,6 +44,12 @@ def test_console_numbers_that_are_not_ascii_digits_are_refused_not_500(tmp_path:
                 body=urlencode({"csrf": csrf, "rotation": rotation}).encode())
             assert status == 303, (rotation, status)  # back to the page, with a message
             assert headers["location"] == f"/files/{done}/pages/1"
+        endless = "9" * (MAX_DIGITS + 400)  # past int()'s digits: names no route
+        for path in (f"/files/{endless}", f"/api/files/{endless}",
+                     f"/files/{done}/pages/{endless}"):
+            assert site.get(path)[0] == 404, path[:20]
+        assert site.request("POST", f"/api/files/{endless}/retry",
+                            headers={"X-CSRF-Token": csrf})[0] == 404
         for length in ["\xb2", "9" * (MAX_DIGITS + 1)]:
             status, _, body = site.request(
                 "POST", "/upload", headers={

@@ -1,5 +1,5 @@
 """What every console request needs, built once when the console starts; and the one kind
-of number a console URL holds (`{id:id}`, `{page:id}`)."""
+of number a console URL holds (`{id:int}`, `{page:int}`)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from starlette.convertors import Convertor, register_url_convertor
 
 from ocrd.config.settings import Config
 from ocrd.live import Live
+from ocrd.names import MAX_DIGITS
 from ocrd.web.store import Store
 
 
 class _Number(Convertor[int]):
-    """A journal row's id or a page number in a URL: 1 to 19 ASCII digits (as wide as a
-    signed 64-bit integer). A longer run matches no route (404) instead of reaching
-    int()'s limit on digits (Starlette's `int` convertor takes any number of them)."""
+    """A journal row's id or a page number in a URL: ASCII digits, at most
+    names.MAX_DIGITS of them. A longer run matches no route (404) instead of reaching
+    int()'s limit on digits (Starlette's `int` convertor takes any number of them); a
+    number past what the journal holds names no row, as any unknown one."""
 
-    regex = "[0-9]{1,19}"
+    regex = f"[0-9]{{1,{MAX_DIGITS}}}"
 
     def convert(self, value: str) -> int:
         return int(value)
