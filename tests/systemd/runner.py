@@ -262,6 +262,29 @@ def stop() -> None:
     }
 
 
+def bad_config() -> None:
+    """A configuration the daemon cannot start with (a key it does not know): the start
+    fails with exit status 2, and systemd does not start it again and again (the unit's
+    RestartPreventExitStatus=2). Waits past RestartSec, when a restart would come."""
+    config = Path("/etc/ocrd/config.yaml")
+    good = config.read_bytes()
+    config.write_bytes(good + b"\nno_such_key: 1\n")
+    try:
+        res = sh("systemctl", "start", UNIT, timeout=120)
+        wait(lambda: show("ActiveState")["ActiveState"] in ("failed", "inactive"), 60,
+             "the start to fail")
+        time.sleep(12)  # RestartSec is 5 s
+        st = show("ActiveState", "Result", "ExecMainStatus", "NRestarts")
+    finally:
+        config.write_bytes(good)
+    results["bad_config"] = {
+        "rc": res.returncode, "state": st["ActiveState"], "result": st["Result"],
+        "exec_main_status": st["ExecMainStatus"], "nrestarts": int(st["NRestarts"]),
+        "said": [e.get("MESSAGE", "") for e in journal()
+                 if "no_such_key" in str(e.get("MESSAGE", ""))][-1:]}
+    sh("systemctl", "reset-failed", UNIT)
+
+
 def large_entry() -> None:
     """A log entry larger than a datagram (sent as a memfd) and a multi-line value (the
     binary form), through a real journald."""
@@ -283,7 +306,8 @@ def large_entry() -> None:
 def main() -> None:
     (OUT / "started").write_text(str(now_us()))
     try:
-        for step in (setup, start, convert, reload, watchdog, stop, liveness, large_entry):
+        for step in (setup, start, convert, reload, watchdog, stop, liveness, bad_config,
+                     large_entry):
             say("step", step.__name__)
             step()
             say("done", step.__name__, json.dumps(results.get(step.__name__)))

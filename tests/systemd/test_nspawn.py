@@ -270,6 +270,13 @@ def test_stop_lets_the_file_in_flight_finish_and_exits_cleanly(run: Run) -> None
     assert r["pages_done_before_stop"] < 12 and r["pages_in_markdown"] == 12, r
 
 
+def test_a_configuration_it_cannot_start_with_is_not_restarted_in_a_loop(run: Run) -> None:
+    r = run.step("bad_config")
+    assert r["rc"] != 0 and r["state"] == "failed" and r["result"] == "exit-code", r
+    assert r["exec_main_status"] == "2" and r["nrestarts"] == 0, r
+    assert r["said"], r  # the journal names the bad key
+
+
 def test_journal_has_ocrd_events_as_fields(run: Run) -> None:
     converted = [e for e in run.journal if e.get("EVENT") == "file_converted"]
     assert {e.get("OCRD_FILE") for e in converted} >= {"one.pdf", "two.pdf", "big.pdf"}
