@@ -46,7 +46,9 @@ class TesseractConfig(_Strict):
         "`+` (`eng+deu`). Each needs its language data: `apt-get install "
         "tesseract-ocr-deu`."))
     psm: int = Field(3, ge=0, le=13, description=(
-        "tesseract's page segmentation mode; 3 finds the page's layout by itself."))
+        "tesseract's page segmentation mode; 3 finds the page's layout by itself (a page "
+        "in Korean whose text that layout leaves unread is read again as one column, "
+        "mode 4, and the better reading kept)."))
     workers: int = Field(0, ge=0, description=(
         "tesseract processes at once; 0: one per CPU core."))
     timeout_seconds: float = Field(300.0, gt=0, description=(

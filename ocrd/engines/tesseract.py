@@ -24,7 +24,7 @@ from PIL import Image
 
 from ocrd.config.engine import TesseractConfig
 from ocrd.config.settings import EngineConfig
-from ocrd.engines import orientation, tesseract_tsv
+from ocrd.engines import orientation, tesseract_tsv, unread
 from ocrd.engines.base import Engine, PageRequest
 from ocrd.errors import EngineDead
 from ocrd.layout import page as layout
@@ -146,6 +146,10 @@ class TesseractEngine(Engine):
                 found = await self._upright(page, tsv)
                 if found is not None:
                     (tsv, text), rotation, turned_image = found
+            if self.cfg.psm == unread.AUTO_PSM and unread.applies(self.cfg.lang):
+                column = await self._as_one_column(page, tsv, turned_image)
+                if column is not None:
+                    tsv, text = column
         # layout analysis is CPU work: off the event loop
         reading, text, words = await asyncio.to_thread(
             _structure, page, tsv, text, turned_image, self._look(page, turned_image),
@@ -203,12 +207,33 @@ class TesseractEngine(Engine):
         assert turned.image is not None
         return again, angle, turned.image
 
-    async def _read(self, page: PageRequest,
-                    image: tuple[bytes, bytes | bytearray]) -> tuple[str, str]:
+    async def _as_one_column(self, page: PageRequest, tsv: str,
+                             turned: Image.Image | None) -> tuple[str, str] | None:
+        """The page (as turned to be read) read again as one column of text when the
+        automatic layout left most of its text unread, and that reading is clearly
+        better (engines/unread.py); None to keep the reading."""
+        first_well = tesseract_tsv.read_well(tsv)
+        if first_well >= unread.ENOUGH_READ_WELL:
+            return None
+        image = turned if turned is not None else _image(page)
+        if not await asyncio.to_thread(unread.should_read_again, image, page.dpi,
+                                       tesseract_tsv.word_boxes(tsv)):
+            return None
+        shown = page if turned is None else replace(page, image=turned, rendered=None)
+        again = await self._read(shown, _pnm_parts(shown), psm=unread.COLUMN_PSM)
+        again_well = tesseract_tsv.read_well(again[0])
+        kept = unread.better(first_well, again_well)
+        log.debug("page_read_as_one_column", page=page.page_no, read_well=first_well,
+                  as_one_column=again_well, kept=kept)
+        return again if kept else None
+
+    async def _read(self, page: PageRequest, image: tuple[bytes, bytes | bytearray],
+                    psm: int | None = None) -> tuple[str, str]:
         """tesseract's TSV and text for the page from one run: every word with its box
         and confidence in its block, paragraph and line (the Markdown's structure, the
-        searchable PDF's layer), and where the words have spaces between them."""
-        out = await self._tesseract(image, read_args(self.cfg, page.dpi))
+        searchable PDF's layer), and where the words have spaces between them. `psm`:
+        this page segmentation instead of engine.tesseract.psm."""
+        out = await self._tesseract(image, read_args(self.cfg, page.dpi, psm))
         tsv, text = tesseract_tsv.split(out.decode("utf-8", errors="replace"))
         if not tsv:  # never a blank page: tesseract did not do what it was asked
             raise EngineDead(not_tsv(text, "", self.binary or "tesseract"))
@@ -279,9 +304,10 @@ class TesseractEngine(Engine):
                 "lang": self.cfg.lang, "psm": self.cfg.psm, "orientation": self.orientation}
 
 
-def read_args(cfg: TesseractConfig, dpi: float) -> list[str]:
-    """tesseract's arguments for reading a page: its TSV and its text, from one run."""
-    args = ["-l", cfg.lang, "--psm", str(cfg.psm)]
+def read_args(cfg: TesseractConfig, dpi: float, psm: int | None = None) -> list[str]:
+    """tesseract's arguments for reading a page: its TSV and its text, from one run
+    (`psm`: this page segmentation instead of the configured one)."""
+    args = ["-l", cfg.lang, "--psm", str(cfg.psm if psm is None else psm)]
     if dpi >= 70:  # PNM carries no resolution; tesseract would guess 70
         args += ["--dpi", str(round(dpi))]
     return [*args, *OUTPUTS]

@@ -213,6 +213,20 @@ WEAK_WELL_WORDS = 20
 WEAK_CONFIDENCE = 70.0
 
 
+def word_boxes(tsv: str) -> list[tuple[int, int, int, int]]:
+    """The box (left, top, right, bottom) of every word read, blank ones left out."""
+    boxes = []
+    for cols in _rows(tsv):
+        if not cols[11].strip():
+            continue
+        try:
+            left, top, width, height = (int(v) for v in cols[6:10])
+        except ValueError:
+            continue
+        boxes.append((left, top, left + width, top + height))
+    return boxes
+
+
 def read_well(tsv: str) -> int:
     """How many words the page has that were read with READ_WELL confidence or more."""
     count = 0

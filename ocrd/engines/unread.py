@@ -1,0 +1,97 @@
+"""Text tesseract's automatic page layout left unread, and when to read the page again as
+one column.
+
+tesseract's automatic page segmentation (`--psm 3`) now and then finds no text where a
+page plainly has lines of it, and reads nothing or a few stray glyphs (tesseract's own
+issue #3670, "Empty Page output for default psm"); a page of Korean print at the usual
+sizes meets it nearly every time (Latin, Chinese and Japanese print at the same sizes read
+well). Read as a single column of text (`--psm 4`) the same page reads whole. So after
+an automatic reading in a language of MISSED_BY_LAYOUT the page's ink is compared with
+the words found: where most of it lies outside every word's box and that ink lies in lines
+of text (render/deskew.py's estimate finds them in it), the page is read again as one
+column, and the reading with clearly more words read well is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from PIL import Image, ImageDraw
+
+from ocrd.render import deskew
+
+AUTO_PSM = 3  # the automatic page segmentation this checks
+# the language data whose pages the automatic layout is seen to miss (Hangul); for the
+# others the check costs more than it finds: on a corpus of mostly Latin files it asks
+# for another reading of barcodes, drawings and pictures and next to never keeps it
+# (bench/RESULTS.md)
+MISSED_BY_LAYOUT = frozenset({"kor", "kor_vert", "script/Hangul", "script/Hangul_vert"})
+COLUMN_PSM = 4  # one column of text of various sizes: what the page is read as again
+# more of the page's ink than this outside every word's box: the reading may have
+# missed text
+UNREAD_SHARE = 0.5
+# the compared reduced copy: about this many dots per inch (strokes merge into blobs,
+# which is all this needs)
+COMPARE_DPI = 75
+# a reading with this many words read well or more is taken as it is: the layout found
+# the page's text (what it left is a picture, a drawing, a barcode), and reading a page
+# of text again costs as much as the first reading
+ENOUGH_READ_WELL = 100
+# a darker pixel of the reduced copy is ink
+INK_BELOW = 192
+# less ink than this share of the page: nothing to read (a blank page)
+MIN_INK = 0.001
+# a word box is widened by this many pixels of the reduced copy on each side (its ink
+# blurs past the box when reduced)
+PAD = 1
+
+
+def applies(lang: str) -> bool:
+    """Whether pages read in these languages (tesseract's `-l`, `eng+kor`) are checked."""
+    return any(name in MISSED_BY_LAYOUT for name in lang.split("+"))
+
+
+def unread_share(image: Image.Image, dpi: float,
+                 boxes: Iterable[tuple[int, int, int, int]]) -> float | None:
+    """The share of the page's ink that lies outside every word box (left, top, right,
+    bottom, in the image's pixels); None for a page with next to no ink."""
+    factor = max(1, round((dpi or 300) / COMPARE_DPI))
+    grey = image if image.mode == "L" else image.convert("L")
+    small = grey.reduce(factor) if factor > 1 else grey
+    ink = small.point([255 if v < INK_BELOW else 0 for v in range(256)])
+    total = ink.histogram()[255]
+    if total < MIN_INK * small.width * small.height:
+        return None
+    read = Image.new("L", small.size, 0)
+    draw = ImageDraw.Draw(read)
+    for left, top, right, bottom in boxes:
+        draw.rectangle((left // factor - PAD, top // factor - PAD,
+                        right // factor + PAD, bottom // factor + PAD), fill=255)
+    ink.paste(0, mask=read)
+    return ink.histogram()[255] / total
+
+
+def should_read_again(image: Image.Image, dpi: float,
+                      boxes: Iterable[tuple[int, int, int, int]]) -> bool:
+    """Whether an automatic reading whose words lie in `boxes` left text of the page
+    unread: most of the ink outside them, and that ink in lines of text (a picture, a
+    barcode or a drawing the reading rightly passed over is not)."""
+    boxes = list(boxes)
+    share = unread_share(image, dpi, boxes)
+    if share is None or share <= UNREAD_SHARE:
+        return False
+    grey = image if image.mode == "L" else image.convert("L")
+    factor = max(1, round((dpi or 300) / deskew.ESTIMATE_DPI))
+    small = grey.reduce(factor) if factor > 1 else grey.copy()
+    draw = ImageDraw.Draw(small)
+    for left, top, right, bottom in boxes:  # what was read: paper now
+        draw.rectangle((left // factor - PAD, top // factor - PAD,
+                        right // factor + PAD, bottom // factor + PAD), fill=255)
+    return deskew.text_angle(small) is not None
+
+
+def better(first: int, again: int) -> bool:
+    """Whether the reading again (`again` words read well) beats the first (`first`):
+    clearly more, not a few more (one column also reads what the layout rightly left
+    out, such as a picture's specks)."""
+    return again >= max(first * 5 // 4, first + 5)
