@@ -55,18 +55,13 @@ def unread_share(image: Image.Image, dpi: float,
                  boxes: Iterable[tuple[int, int, int, int]]) -> float | None:
     """The share of the page's ink that lies outside every word box (left, top, right,
     bottom, in the image's pixels); None for a page with next to no ink."""
-    factor = max(1, round((dpi or 300) / COMPARE_DPI))
-    grey = image if image.mode == "L" else image.convert("L")
-    small = grey.reduce(factor) if factor > 1 else grey
+    small, factor = _reduced(image, dpi, COMPARE_DPI)
     ink = small.point([255 if v < INK_BELOW else 0 for v in range(256)])
     total = ink.histogram()[255]
     if total < MIN_INK * small.width * small.height:
         return None
     read = Image.new("L", small.size, 0)
-    draw = ImageDraw.Draw(read)
-    for left, top, right, bottom in boxes:
-        draw.rectangle((left // factor - PAD, top // factor - PAD,
-                        right // factor + PAD, bottom // factor + PAD), fill=255)
+    _paint(read, boxes, factor)
     ink.paste(0, mask=read)
     return ink.histogram()[255] / total
 
@@ -80,14 +75,26 @@ def should_read_again(image: Image.Image, dpi: float,
     share = unread_share(image, dpi, boxes)
     if share is None or share <= UNREAD_SHARE:
         return False
+    small, factor = _reduced(image, dpi, deskew.ESTIMATE_DPI)
+    _paint(small, boxes, factor)  # what was read: paper now
+    return deskew.text_angle(small) is not None
+
+
+def _reduced(image: Image.Image, dpi: float, per_inch: int) -> tuple[Image.Image, int]:
+    """A grey copy of the page at about `per_inch` dots per inch (a page of unknown
+    resolution taken for 300 dpi), and the factor it was reduced by."""
+    factor = max(1, round((dpi or 300) / per_inch))
     grey = image if image.mode == "L" else image.convert("L")
-    factor = max(1, round((dpi or 300) / deskew.ESTIMATE_DPI))
-    small = grey.reduce(factor) if factor > 1 else grey.copy()
+    return (grey.reduce(factor) if factor > 1 else grey.copy()), factor
+
+
+def _paint(small: Image.Image, boxes: Iterable[tuple[int, int, int, int]],
+           factor: int) -> None:
+    """The boxes (in the page's pixels), widened by PAD, painted white on the copy."""
     draw = ImageDraw.Draw(small)
-    for left, top, right, bottom in boxes:  # what was read: paper now
+    for left, top, right, bottom in boxes:
         draw.rectangle((left // factor - PAD, top // factor - PAD,
                         right // factor + PAD, bottom // factor + PAD), fill=255)
-    return deskew.text_angle(small) is not None
 
 
 def better(first: int, again: int) -> bool:
