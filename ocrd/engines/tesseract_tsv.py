@@ -223,7 +223,8 @@ def word_boxes(tsv: str) -> list[tuple[int, int, int, int]]:
             left, top, width, height = (int(v) for v in cols[6:10])
         except ValueError:
             continue
-        boxes.append((left, top, left + width, top + height))
+        if width > 0 and height > 0:
+            boxes.append((left, top, left + width, top + height))
     return boxes
 
 

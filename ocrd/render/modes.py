@@ -3,7 +3,7 @@
 tesseract binarises every page itself, so colour is mostly wasted on it: an RGB page is
 three times the bytes of a grey one at every copy (render buffer, tmpfs, pipe) and 24
 times a 1-bit one, and tesseract reads grey and 1-bit pages measurably faster than RGB,
-with as many words on scans and born-digital pages (bench/colour.py; bench/RESULTS.md).
+with as many words on scans and born-digital pages (bench/colour.py).
 So for an engine that reads grey (`Engine.page_mode`), PDFium renders grey, and a page
 that is a 1-bit scan becomes packed 1-bit rows (PBM's layout, 1 = black). A colour photo
 (an image without a scanner's resolution) stays in colour (render/pages.py): text in a
